@@ -1,0 +1,160 @@
+"""The trainer's event schema: one JSON object per line, one file per rank.
+
+Every rank writes ``{events_dir}/g{group}-r{rank}.jsonl``; the group's agent tails those files
+and forwards the events to the control plane. This module is the single definition of that
+stream: the trainer builds these models, the agent and the control plane parse them with
+:data:`EVENT_ADAPTER`. Times are Unix seconds (``ts``) or durations in seconds (``*_s``).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+
+class BaseEvent(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    ts: float = Field(description="Unix time the event happened")
+    group: int = Field(ge=0, description="stable replica-group id g (never torchft's uuid)")
+    rank: int = Field(ge=0, description="rank inside the replica group")
+
+
+class StartEvent(BaseEvent):
+    """A rank is up and about to join the quorum; the startup time split."""
+
+    type: Literal["start"] = "start"
+    pid: int
+    replica_id: str = Field(description="torchft replica id of this start (name:uuid on rank 0)")
+    ranks_per_group: int
+    device: str
+    flavor: str
+    parameters: int = Field(description="model parameters (whole model, not the local shard)")
+    imports_s: float = Field(description="process start until torch and torchft are imported")
+    process_group_s: float = Field(description="intra-group process group and device mesh")
+    data_s: float = Field(description="reading the corpus")
+    model_s: float = Field(description="model build, FSDP sharding, optimizer state")
+    checkpoint_s: float = Field(description="looking for and loading a checkpoint")
+    manager_s: float = Field(description="torchft Manager and replicate process group")
+    resumed_step: int = Field(description="step loaded from a checkpoint, 0 when none")
+
+
+class StepEvent(BaseEvent):
+    """One training step, committed or not."""
+
+    type: Literal["step"] = "step"
+    step: int = Field(description="manager step after this step (the step count committed)")
+    committed: bool
+    loss: float
+    lr: float
+    step_s: float = Field(description="wall time of the whole step")
+    compute_s: float = Field(description="forward, backward and optimizer, minus the waits")
+    allreduce_s: float = Field(description="waiting on the cross-group gradient all-reduce")
+    commit_s: float = Field(description="should_commit: agreeing inside and across groups")
+    quorum_id: int
+    participants: int
+    participating: bool
+    healed: bool = Field(description="this step loaded state fetched from a peer")
+    batches_committed: int = Field(description="torchft's count of replica-batches committed")
+    batches_skipped: int = Field(
+        description="rank-batches never trained because their group was not participating"
+    )
+
+
+class QuorumEvent(BaseEvent):
+    """The quorum this rank trains in changed."""
+
+    type: Literal["quorum"] = "quorum"
+    quorum_id: int
+    previous_quorum_id: int
+    step: int
+    participants: int
+
+
+class HealEvent(BaseEvent):
+    """This rank fetched live state from a peer's same rank and loaded it."""
+
+    type: Literal["heal"] = "heal"
+    step: int = Field(description="step the state was taken at")
+    source_group: int
+    bytes: int
+    fetch_s: float = Field(description="fetching the state over the checkpoint transport")
+    load_s: float = Field(description="copying it into the model, optimizer and scheduler")
+
+
+class CommitFailedEvent(BaseEvent):
+    type: Literal["commit_failed"] = "commit_failed"
+    step: int
+    quorum_id: int
+    error: str | None = None
+
+
+class CheckpointEvent(BaseEvent):
+    type: Literal["checkpoint"] = "checkpoint"
+    action: Literal["saved", "loaded", "skipped"]
+    step: int
+    seconds: float
+    path: str
+    reason: str | None = Field(None, description="why a checkpoint was skipped")
+
+
+class FingerprintEvent(BaseEvent):
+    """Hash of this rank's local parameter and optimizer shards at a committed step.
+
+    Rank r of every group holds the same shard, so equal digests for (step, rank) across
+    groups mean the groups hold bitwise identical state.
+    """
+
+    type: Literal["fingerprint"] = "fingerprint"
+    step: int
+    digest: str
+
+
+class ExitEvent(BaseEvent):
+    type: Literal["exit"] = "exit"
+    reason: Literal["done", "stopped", "error"]
+    step: int
+    error: str | None = None
+    events_dropped: int = Field(0, description="events this rank dropped: its queue was full")
+
+
+class TorchftLogEvent(BaseEvent):
+    """A record of torchft's own ``torchft_quorums`` / ``torchft_commits`` / ``torchft_errors``."""
+
+    type: Literal["torchft"] = "torchft"
+    logger: str
+    quorum_id: int | None = None
+    step: int | None = None
+    commit_result: bool | None = None
+    replica_id: str | None = None
+    error: str | None = None
+
+
+Event = Annotated[
+    Union[
+        StartEvent,
+        StepEvent,
+        QuorumEvent,
+        HealEvent,
+        CommitFailedEvent,
+        CheckpointEvent,
+        FingerprintEvent,
+        ExitEvent,
+        TorchftLogEvent,
+    ],
+    Field(discriminator="type"),
+]
+EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
+EVENT_TYPES: tuple[str, ...] = (
+    "start", "step", "quorum", "heal", "commit_failed", "checkpoint", "fingerprint", "exit",
+    "torchft",
+)
+
+
+def events_file_name(group: int, rank: int) -> str:
+    return f"g{group}-r{rank}.jsonl"
+
+
+def parse_event(line: str | bytes) -> Event:
+    return EVENT_ADAPTER.validate_json(line)

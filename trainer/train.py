@@ -1,0 +1,236 @@
+"""The training loop of one rank of one replica group (run under torchrun)."""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+import torchft
+from torchft.manager import REPLICA_ID_KEY
+from torch.distributed.device_mesh import init_device_mesh
+
+from protocol.events import (
+    CheckpointEvent,
+    CommitFailedEvent,
+    ExitEvent,
+    FingerprintEvent,
+    HealEvent,
+    QuorumEvent,
+    StartEvent,
+    StepEvent,
+)
+from trainer.checkpoint import Checkpointer
+from trainer.config import TrainerConfig
+from trainer.corpus import read_corpus
+from trainer.data import BatchPlan, TokenBatches
+from trainer.fault_tolerance import ReplicateAllReduce, build_manager, check_lighthouse_reachable
+from trainer.model import VOCAB_SIZE, build_sharded_model, count_parameters
+from trainer.state import LiveState, TrainingPosition, materialize_optimizer_state
+from trainer.telemetry import EventSink, TorchftLogBridge
+
+log = logging.getLogger("trainer")
+
+
+def lr_lambda(warmup_steps: int, total_steps: int, floor: float = 0.1):
+    """Linear warm-up, then cosine decay to ``floor`` of the peak at ``total_steps``."""
+
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / (warmup_steps + 1)
+        progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return factor
+
+
+@dataclass
+class StopRequest:
+    """SIGTERM/SIGINT: finish the step in flight, then leave cleanly."""
+
+    requested: bool = False
+    signals: tuple[int, ...] = field(default=(signal.SIGTERM, signal.SIGINT))
+
+    def install(self) -> None:
+        for sig in self.signals:
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        self.requested = True
+
+
+def _init_device(cfg: TrainerConfig) -> tuple[torch.device, str]:
+    if cfg.device == "cuda":
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank), "nccl"
+    return torch.device("cpu"), "gloo"
+
+
+class RankTrainer:
+    def __init__(self, cfg: TrainerConfig, process_start: float):
+        self.cfg = cfg
+        t_imports = time.time()
+        check_lighthouse_reachable(cfg.lighthouse)
+        self.device, backend = _init_device(cfg)
+        dist.init_process_group(backend)
+        self.rank, self.ranks = dist.get_rank(), dist.get_world_size()
+        mesh = init_device_mesh(self.device.type, (self.ranks,), mesh_dim_names=("dp_shard",))
+        per_rank_batch = cfg.per_rank_batch(self.ranks)
+        t_pg = time.time()
+
+        corpus = read_corpus(cfg.data, cfg.data_max_bytes)
+        plan = BatchPlan(len(corpus), cfg.seq_len, cfg.groups, self.ranks, per_rank_batch, cfg.seed)
+        self.batches = TokenBatches(corpus, plan)
+        t_data = time.time()
+
+        self.sink = EventSink(cfg.events_dir, cfg.group, self.rank)
+        TorchftLogBridge(self.sink).install()
+        self.model = build_sharded_model(cfg.flavor, mesh, self.device, cfg.seed)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        materialize_optimizer_state(self.optimizer)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg.warmup_steps, cfg.steps))
+        self.position = TrainingPosition()
+        self.live = LiveState(cfg.group, self.model, self.optimizer, self.scheduler, self.position)
+        t_model = time.time()
+
+        self.manager, self.transport = build_manager(cfg, self.live.load_state_dict, self.live.state_dict)
+        self.replicate = ReplicateAllReduce(self.manager)
+        self.replicate.install(self.model)
+        self.ft_optimizer = torchft.Optimizer(self.manager, self.optimizer)
+        t_manager = time.time()
+
+        self.checkpointer = None
+        resumed_step = 0
+        if cfg.checkpoint_dir is not None:
+            self.checkpointer = Checkpointer(
+                cfg.checkpoint_dir, cfg.group, cfg.checkpoint_keep, self.model, self.optimizer,
+                lambda: {"lr_scheduler": self.scheduler, "position": self.position, "torchft": self.manager},
+            )
+            resumed_step = self._resume()
+        t_ckpt = time.time()
+
+        self.sink.emit(
+            StartEvent, pid=os.getpid(), replica_id=self._replica_id(),
+            ranks_per_group=self.ranks, device=str(self.device), flavor=cfg.flavor,
+            parameters=count_parameters(self.model), imports_s=t_imports - process_start,
+            process_group_s=t_pg - t_imports, data_s=t_data - t_pg, model_s=t_model - t_data,
+            manager_s=t_manager - t_model, checkpoint_s=t_ckpt - t_manager, resumed_step=resumed_step,
+        )
+        self._say(f"up in {t_ckpt - process_start:.1f}s (imports {t_imports - process_start:.1f}s, "
+                  f"model {t_model - t_data:.1f}s), {count_parameters(self.model) / 1e6:.2f}M parameters"
+                  + (f", resumed at step {resumed_step}" if resumed_step else ""))
+
+    def _replica_id(self) -> str:
+        """``group{g}:{uuid}``, as rank 0's manager registered it with the Lighthouse."""
+        return self.manager._store.get(REPLICA_ID_KEY).decode()
+
+    def _say(self, message: str) -> None:
+        if self.rank == 0:
+            print(f"[group {self.cfg.group}] {message}", flush=True)
+
+    def _resume(self) -> int:
+        def warn(path: Path, reason: str) -> None:
+            log.warning("skipping checkpoint %s: %s", path, reason)
+            self._say(f"warning: skipping incomplete checkpoint {path.name}: {reason}")
+            self.sink.emit(CheckpointEvent, action="skipped", step=int(path.name.removeprefix("step-")),
+                           seconds=0.0, path=str(path), reason=reason)
+
+        found = self.checkpointer.choose(warn)
+        if found is None:
+            return 0
+        seconds = self.checkpointer.load(found.path)
+        self.sink.emit(CheckpointEvent, action="loaded", step=found.step, seconds=seconds, path=str(found.path))
+        return self.manager.current_step()
+
+    def train(self, stop: StopRequest) -> str:
+        cfg, manager = self.cfg, self.manager
+        quorum_id = -1
+        while manager.current_step() < cfg.steps:
+            if stop.requested:
+                return "stopped"
+            start = time.perf_counter()
+            self.replicate.seconds = 0.0
+            self.ft_optimizer.zero_grad()
+            step = manager.current_step()
+            inputs, targets = self.batches.batch(step, cfg.group, self.rank, self.device)
+            logits = self.model(inputs)
+            loss = F.cross_entropy(logits.reshape(-1, VOCAB_SIZE).float(), targets.reshape(-1))
+            loss.backward()
+            healed = manager._healing  # settled: the all-reduce waited for the quorum
+            commit_start = time.perf_counter()
+            self.ft_optimizer.step()
+            commit_s = time.perf_counter() - commit_start
+            committed = manager.current_step() > step
+            participants = manager.num_participants()
+            error = manager.errored()
+            if committed:
+                self.scheduler.step()
+                self.position.batches_skipped += (cfg.groups - participants) * self.ranks
+            step_s = time.perf_counter() - start
+            now_step = manager.current_step()
+
+            if manager._quorum_id != quorum_id:
+                self.sink.emit(QuorumEvent, quorum_id=manager._quorum_id, previous_quorum_id=quorum_id,
+                               step=now_step, participants=participants)
+                self._say(f"quorum {manager._quorum_id}: {participants} group(s) training at step {step}")
+                quorum_id = manager._quorum_id
+            if healed:
+                self.sink.emit(HealEvent, step=step, source_group=self.live.last_source_group,
+                               bytes=self.live.last_load_bytes, fetch_s=self.transport.last_fetch_s,
+                               load_s=self.live.last_load_s)
+                self._say(f"healed from group {self.live.last_source_group} at step {step}: "
+                          f"{self.live.last_load_bytes / 2**20:.1f} MiB in {self.transport.last_fetch_s:.2f}s")
+            loss_value = loss.item()
+            self.sink.emit(
+                StepEvent, step=now_step, committed=committed, loss=loss_value,
+                lr=self.optimizer.param_groups[0]["lr"], step_s=step_s,
+                compute_s=max(0.0, step_s - self.replicate.seconds - commit_s),
+                allreduce_s=self.replicate.seconds, commit_s=commit_s, quorum_id=quorum_id,
+                participants=participants, participating=manager.is_participating(), healed=healed,
+                batches_committed=manager.batches_committed(), batches_skipped=self.position.batches_skipped,
+            )
+            if not committed:
+                reason = repr(error.original_exception) if error else None
+                self.sink.emit(CommitFailedEvent, step=step, quorum_id=quorum_id, error=reason)
+                self._say(f"step {step} not committed: {reason or 'too few replicas'}")
+                continue
+            if now_step % cfg.fingerprint_every == 0:
+                self.sink.emit(FingerprintEvent, step=now_step, digest=self.live.fingerprint())
+            if self.checkpointer and now_step % cfg.checkpoint_every == 0 and manager.participating_rank() == 0:
+                path, seconds = self.checkpointer.save(now_step)
+                self.sink.emit(CheckpointEvent, action="saved", step=now_step, seconds=seconds, path=str(path))
+            if now_step % cfg.log_every == 0:
+                self._say(f"step {now_step:>5}  loss {loss_value:.3f}  {participants} group(s)  "
+                          f"{step_s:.2f}s/step (all-reduce {self.replicate.seconds:.2f}s)")
+            if cfg.step_sleep_s:
+                time.sleep(cfg.step_sleep_s)
+        return "done"
+
+    def close(self, reason: str, error: str | None = None) -> None:
+        self.sink.emit(ExitEvent, reason=reason, step=self.manager.current_step(), error=error,
+                       events_dropped=self.sink.dropped)
+        self.sink.close()
+        self.manager.shutdown(wait=False)
+        dist.destroy_process_group()
+
+
+def run(cfg: TrainerConfig, process_start: float) -> int:
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    stop = StopRequest()
+    stop.install()
+    trainer = RankTrainer(cfg, process_start)
+    try:
+        reason = trainer.train(stop)
+    except Exception as err:
+        trainer.close("error", f"{type(err).__name__}: {err}")
+        raise
+    trainer.close(reason)
+    return 0
