@@ -17,18 +17,10 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-import torch.nn as nn
-import torch.optim
-from torch.distributed.checkpoint.state_dict import (
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-)
 
 MANIFEST = "manifest.json"
 log = logging.getLogger(__name__)
@@ -89,21 +81,15 @@ def newest_complete(root: Path, warn) -> Found | None:
 class Checkpointer:
     """Saves and loads the whole training state of one replica group."""
 
-    def __init__(self, root: Path, group: int, keep: int, model: nn.Module,
-                 optimizer: torch.optim.Optimizer, extra_state):
+    def __init__(self, root: Path, group: int, keep: int, state: Callable[[], dict[str, Any]],
+                 restore: Callable[[dict[str, Any]], None]):
+        """``state()`` gives the tensors (DTensors allowed) and values to save; after a load
+        fills them in place, ``restore(state)`` applies the non-tensor values."""
         self.root = root
         self.group = group
         self.keep = keep
-        self.model = model
-        self.optimizer = optimizer
-        self.extra_state = extra_state  # () -> dict of stateful objects with state_dict()
-
-    def _state(self) -> dict[str, Any]:
-        return {
-            "model": get_model_state_dict(self.model),
-            "optim": get_optimizer_state_dict(self.model, self.optimizer),
-            **{name: obj.state_dict() for name, obj in self.extra_state().items()},
-        }
+        self.state = state
+        self.restore = restore
 
     def save(self, step: int) -> tuple[Path, float]:
         """Collective over the group's ranks. Returns the published folder and seconds taken."""
@@ -115,7 +101,7 @@ class Checkpointer:
             shutil.rmtree(staging, ignore_errors=True)
             staging.mkdir(parents=True)
         dist.barrier()
-        dcp.save(self._state(), checkpoint_id=staging)
+        dcp.save(self.state(), checkpoint_id=staging)
         if rank == 0:
             files = {p.name: {"size": p.stat().st_size, "sha256": _file_digest(p)}
                      for p in sorted(staging.iterdir()) if p.is_file()}
@@ -146,14 +132,11 @@ class Checkpointer:
             shutil.rmtree(folder, ignore_errors=True)
 
     def load(self, folder: Path) -> float:
-        """Collective: load ``folder`` into the model, optimizer and extra state."""
+        """Collective over the group's ranks: load ``folder`` in place, then restore."""
         start = time.perf_counter()
-        state = self._state()
+        state = self.state()
         dcp.load(state, checkpoint_id=folder)
-        set_model_state_dict(self.model, state["model"])
-        set_optimizer_state_dict(self.model, self.optimizer, state["optim"])
-        for name, obj in self.extra_state().items():
-            obj.load_state_dict(state[name])
+        self.restore(state)
         return time.perf_counter() - start
 
     def choose(self, warn) -> Found | None:

@@ -36,6 +36,7 @@ def torchrun_argv(cfg: TrainerConfig, trainer_args: list[str]) -> list[str]:
 def torchrun_env(base: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ if base is None else base)
     env.setdefault("OMP_NUM_THREADS", "1")  # K ranks share the machine's cores
+    env.setdefault("RUST_LOG", "warn")  # torchft's Rust manager logs every quorum at INFO
     return env
 
 
@@ -46,8 +47,8 @@ def validate(cfg: TrainerConfig) -> None:
 
     cfg.per_rank_batch(cfg.nproc_per_node)
     read_corpus(cfg.data, min(cfg.data_max_bytes, 1 << 16))
-    model_config(cfg.flavor)
     check_lighthouse_reachable(cfg.lighthouse)
+    model_config(cfg.flavor)  # last: it imports torch and torchtitan
     if cfg.device == "cuda":
         import torch
 

@@ -68,18 +68,29 @@ class LiveState:
         self.last_source_group = -1
         self.last_load_s = 0.0
 
-    def state_dict(self) -> dict[str, Any]:
+    def _tensors(self, shards: bool) -> dict[str, Any]:
+        """Parameters and optimizer state by parameter name: local shards, or the DTensors."""
+        view = local if shards else (lambda t: t)
         opt_state = self.optimizer.state
         return {
-            "source_group": self.group,
-            "model": {name: local(p) for name, p in self.named_params},
+            "model": {name: view(p) for name, p in self.named_params},
             "optimizer": {
-                name: {"step": opt_state[p]["step"], **{k: local(opt_state[p][k]) for k in OPTIMIZER_KEYS}}
+                name: {"step": opt_state[p]["step"], **{k: view(opt_state[p][k]) for k in OPTIMIZER_KEYS}}
                 for name, p in self.named_params
             },
             "lr_scheduler": self.scheduler.state_dict(),
             "position": self.position.state_dict(),
         }
+
+    def _restore_schedule(self, state: dict[str, Any]) -> None:
+        self.scheduler.load_state_dict(state["lr_scheduler"])
+        for group, lr in zip(self.optimizer.param_groups, self.scheduler.get_last_lr()):
+            group["lr"] = lr
+        self.position.load_state_dict(state["position"])
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a healing peer fetches: local shards, served live."""
+        return {"source_group": self.group, **self._tensors(shards=True)}
 
     @torch.no_grad()
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -94,13 +105,23 @@ class LiveState:
             for key in OPTIMIZER_KEYS:
                 local(mine[key]).copy_(theirs[key])
                 nbytes += theirs[key].nbytes
-        self.scheduler.load_state_dict(state["lr_scheduler"])
-        for group, lr in zip(self.optimizer.param_groups, self.scheduler.get_last_lr()):
-            group["lr"] = lr
-        self.position.load_state_dict(state["position"])
+        self._restore_schedule(state)
         self.last_source_group = int(state["source_group"])
         self.last_load_bytes = nbytes
         self.last_load_s = time.perf_counter() - start
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        """What torch.distributed.checkpoint saves: the sharded DTensors themselves.
+
+        Parameters are keyed by ``named_parameters()`` names rather than ``state_dict()``
+        keys: torchtitan's fused QKV layer rewrites its state-dict keys (``wqkv`` into
+        ``wq``/``wk``/``wv``), which ``get_model_state_dict`` cannot map back.
+        """
+        return self._tensors(shards=False)
+
+    def restore_checkpoint(self, state: dict[str, Any]) -> None:
+        """After ``dcp.load`` filled the tensors of :meth:`checkpoint_state` in place."""
+        self._restore_schedule(state)
 
     def fingerprint(self) -> str:
         """SHA-256 (first 16 hex digits) over this rank's parameter and optimizer shards."""

@@ -111,8 +111,9 @@ class RankTrainer:
         resumed_step = 0
         if cfg.checkpoint_dir is not None:
             self.checkpointer = Checkpointer(
-                cfg.checkpoint_dir, cfg.group, cfg.checkpoint_keep, self.model, self.optimizer,
-                lambda: {"lr_scheduler": self.scheduler, "position": self.position, "torchft": self.manager},
+                cfg.checkpoint_dir, cfg.group, cfg.checkpoint_keep,
+                state=lambda: {**self.live.checkpoint_state(), "torchft": self.manager.state_dict()},
+                restore=self._restore_checkpoint,
             )
             resumed_step = self._resume()
         t_ckpt = time.time()
@@ -135,6 +136,10 @@ class RankTrainer:
     def _say(self, message: str) -> None:
         if self.rank == 0:
             print(f"[group {self.cfg.group}] {message}", flush=True)
+
+    def _restore_checkpoint(self, state: dict) -> None:
+        self.live.restore_checkpoint(state)
+        self.manager.load_state_dict(state["torchft"])  # the step count and batches committed
 
     def _resume(self) -> int:
         def warn(path: Path, reason: str) -> None:

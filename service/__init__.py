@@ -1,0 +1,1 @@
+"""The service around the trainer: Lighthouse wrapper client, agents, control plane, CLI."""

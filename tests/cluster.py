@@ -1,0 +1,96 @@
+"""Real processes for the tests: a torchft Lighthouse, replica groups, their event files."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from service.proctree import process_tree, signal_tree, wait_gone
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def read_events(events_dir: Path, group: int | None = None) -> list[dict]:
+    """Every event of every rank (or of one group), in file order per rank."""
+    events = []
+    pattern = "*.jsonl" if group is None else f"g{group}-r*.jsonl"
+    for path in sorted(events_dir.glob(pattern)):
+        for line in path.read_text().splitlines():
+            if line.strip():
+                events.append(json.loads(line))
+    return events
+
+
+def wait_for(predicate: Callable[[], object], timeout_s: float, what: str, poll_s: float = 0.2):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(poll_s)
+    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+
+
+@dataclass
+class TrainerGroup:
+    """One replica group: ``python -m trainer`` (which becomes torchrun) in its own session."""
+
+    group: int
+    args: list[str]
+    log_path: Path
+    proc: subprocess.Popen | None = None
+    env: dict[str, str] = field(default_factory=dict)
+
+    def start(self) -> "TrainerGroup":
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **self.env}
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "trainer", "--group", str(self.group), *self.args],
+            cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        log.close()
+        return self
+
+    def kill(self) -> float:
+        """SIGKILL the whole process tree at once, like losing the node; returns the time."""
+        return kill_together([self])
+
+    def stop(self, timeout_s: float = 30) -> int | None:
+        """SIGTERM to torchrun (it forwards it to the ranks), then SIGKILL whatever is left."""
+        if self.proc is None:
+            return None
+        pids = [p.pid for p in process_tree(self.proc.pid)]
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                pass
+        for pid in wait_gone(pids, 5):
+            signal_tree(pid, signal.SIGKILL)
+        return self.proc.wait(timeout=30)
+
+    def output(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+def committed_steps(events: list[dict], group: int, rank: int = 0, since: float = 0.0) -> list[dict]:
+    return [e for e in events if e["type"] == "step" and e["group"] == group and e["rank"] == rank
+            and e["committed"] and e["ts"] >= since]
+
+
+def kill_together(groups: list[TrainerGroup]) -> float:
+    """SIGKILL every process of every group in one sweep (a whole-job loss); returns the time."""
+    when = time.time()
+    pids = [pid for g in groups for pid in signal_tree(g.proc.pid, signal.SIGKILL)]
+    for g in groups:
+        g.proc.wait(timeout=30)
+    assert not wait_gone(pids, 30), "processes survived SIGKILL"
+    return when

@@ -1,0 +1,114 @@
+"""The trainer's pure parts: data order, corpus reading, settings, the event sink."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from protocol.events import StepEvent, parse_event
+from trainer.corpus import read_corpus
+from trainer.data import BatchPlan, TokenBatches
+from trainer.errors import ConfigError
+from trainer.telemetry import EventSink
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_no_two_group_rank_step_share_a_sample_and_batches_are_reproducible():
+    corpus = read_corpus(None, 1 << 20)
+    plan = BatchPlan(len(corpus), seq_len=64, groups=3, ranks=2, per_rank_batch=2, seed=7)
+    seen: dict[int, tuple] = {}
+    for step, group, rank in itertools.product(range(40), range(3), range(2)):
+        for window in plan.window_indices(step, group, rank):
+            assert window not in seen, f"{(step, group, rank)} repeats the sample of {seen[window]}"
+            seen[window] = (step, group, rank)
+    again = TokenBatches(read_corpus(None, 1 << 20), BatchPlan(len(corpus), 64, 3, 2, 2, 7))
+    first = TokenBatches(corpus, plan).batch(11, 2, 1, torch.device("cpu"))
+    second = again.batch(11, 2, 1, torch.device("cpu"))
+    assert torch.equal(first[0], second[0]) and torch.equal(first[1], second[1])
+    assert torch.equal(first[0][:, 1:], first[1][:, :-1]), "targets are the inputs shifted by one"
+    other_seed = TokenBatches(corpus, BatchPlan(len(corpus), 64, 3, 2, 2, 8)).batch(11, 2, 1, torch.device("cpu"))
+    assert not torch.equal(first[0], other_seed[0])
+
+
+def test_default_corpus_is_python_source_text():
+    text = read_corpus(None, 1 << 16).decode()
+    assert "def " in text and "import " in text
+
+
+def test_user_jsonl_and_text_files(tmp_path):
+    (tmp_path / "a.jsonl").write_text(json.dumps({"text": "hello world"}) + "\n\n" + json.dumps({"text": "second"}) + "\n")
+    (tmp_path / "b.txt").write_text("plain text")
+    assert read_corpus(tmp_path, 1 << 20) == b"hello world\nsecond\nplain text"
+    (tmp_path / "bad.jsonl").write_text('{"no_text": 1}\n')
+    with pytest.raises(ConfigError, match="bad.jsonl:1 has no string 'text' field"):
+        read_corpus(tmp_path, 1 << 20)
+
+
+def test_event_sink_writes_schema_valid_lines_and_counts_drops(tmp_path):
+    sink = EventSink(tmp_path, group=1, rank=0)
+    fields = dict(step=1, committed=True, loss=2.0, lr=0.1, step_s=0.1, compute_s=0.1, allreduce_s=0.0,
+                  commit_s=0.0, quorum_id=1, participants=2, participating=True, healed=False,
+                  batches_committed=2, batches_skipped=0)
+    sink.emit(StepEvent, **fields)
+    sink.close()
+    event = parse_event((tmp_path / "g1-r0.jsonl").read_text().splitlines()[0])
+    assert isinstance(event, StepEvent) and event.group == 1 and event.loss == 2.0
+
+    blocked = tmp_path / "not-a-dir"
+    blocked.write_text("a file where the events folder should be")
+    sink = EventSink(blocked, group=0, rank=0, capacity=2)
+    for _ in range(50):
+        sink.emit(StepEvent, **fields)  # never raises, never blocks
+    sink.close()
+    assert sink.dropped == 50
+
+
+def _trainer(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "trainer", *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--batch-size", "3", "--nproc-per-node", "2"], "--batch-size 3 does not divide across 2 ranks"),
+    (["--data", "/nonexistent/corpus.txt"], "--data /nonexistent/corpus.txt does not exist"),
+    (["--steps", "0"], "--steps: Input should be greater than or equal to 1"),
+    (["--group", "2", "--groups", "2"], "group 2 is not below groups=2"),
+    (["--lighthouse", "http://127.0.0.1:{port}"], "cannot reach the torchft Lighthouse"),
+])
+def test_bad_configuration_is_one_clear_line(args, message):
+    port = _closed_port()
+    result = _trainer(*[a.format(port=port) for a in args])
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("trainer: error: ") and message in lines[0], result.stderr
+
+
+def test_unknown_flavor_is_one_clear_line(lighthouse):
+    result = _trainer("--lighthouse", lighthouse, "--flavor", "llama-huge")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "trainer: error: unknown --flavor 'llama-huge'; choose one of debugmodel, 1B, 3B, 8B, 70B, 405B"
+    ]
+
+
+def test_help_explains_every_setting():
+    result = _trainer("--help")
+    assert result.returncode == 0
+    from trainer.config import TrainerConfig
+
+    for name in TrainerConfig.model_fields:
+        assert "--" + name.replace("_", "-") in result.stdout
