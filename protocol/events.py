@@ -13,12 +13,27 @@ from typing import Annotated, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 
-class BaseEvent(BaseModel):
+class GroupEvent(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     ts: float = Field(description="Unix time the event happened")
     group: int = Field(ge=0, description="stable replica-group id g (never torchft's uuid)")
+
+
+class BaseEvent(GroupEvent):
+    """An event a trainer rank writes."""
+
     rank: int = Field(ge=0, description="rank inside the replica group")
+
+
+class ProcessEvent(GroupEvent):
+    """The group's agent started, lost or stopped the group's torchrun process tree."""
+
+    type: Literal["process"] = "process"
+    action: Literal["started", "killed", "crashed", "stopped", "finished"]
+    pid: int | None = None
+    returncode: int | None = None
+    detail: str | None = None
 
 
 class StartEvent(BaseEvent):
@@ -142,18 +157,26 @@ Event = Annotated[
         FingerprintEvent,
         ExitEvent,
         TorchftLogEvent,
+        ProcessEvent,
     ],
     Field(discriminator="type"),
 ]
 EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
 EVENT_TYPES: tuple[str, ...] = (
     "start", "step", "quorum", "heal", "commit_failed", "checkpoint", "fingerprint", "exit",
-    "torchft",
+    "torchft", "process",
 )
 
 
 def events_file_name(group: int, rank: int) -> str:
     return f"g{group}-r{rank}.jsonl"
+
+
+def events_file_glob(group: int) -> str:
+    return f"g{group}-r*.jsonl"
+
+
+EVENT_LIST_ADAPTER: TypeAdapter[list[Event]] = TypeAdapter(list[Event])
 
 
 def parse_event(line: str | bytes) -> Event:

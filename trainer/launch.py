@@ -20,14 +20,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def torchrun_argv(cfg: TrainerConfig, trainer_args: list[str]) -> list[str]:
-    """The torchrun command that runs this group's K ranks with ``trainer_args``."""
+def torchrun_argv(nproc: int, trainer_args: list[str], master_addr: str | None = None,
+                  master_port: int = 0) -> list[str]:
+    """The torchrun command that runs one group's ``nproc`` ranks with ``trainer_args``.
+
+    The group's TCPStore (torchrun's master) is also where other groups' managers connect
+    for the cross-group process group, so ``master_addr`` must be reachable from them.
+    """
     return [
         sys.executable, "-m", "torch.distributed.run",
         "--nnodes=1",
-        f"--nproc-per-node={cfg.nproc_per_node}",
-        f"--master-addr={cfg.advertise_host or '127.0.0.1'}",
-        f"--master-port={cfg.master_port or free_port()}",
+        f"--nproc-per-node={nproc}",
+        f"--master-addr={master_addr or '127.0.0.1'}",
+        f"--master-port={master_port or free_port()}",
         "--max-restarts=0",
         "-m", "trainer", *trainer_args,
     ]
@@ -58,6 +63,6 @@ def validate(cfg: TrainerConfig) -> None:
 
 def launch(cfg: TrainerConfig, trainer_args: list[str]) -> None:
     validate(cfg)
-    argv = torchrun_argv(cfg, trainer_args)
+    argv = torchrun_argv(cfg.nproc_per_node, trainer_args, cfg.advertise_host, cfg.master_port)
     sys.stdout.flush()
     os.execve(argv[0], argv, torchrun_env())

@@ -1,0 +1,30 @@
+"""``python -m lighthouse``: torchft's Lighthouse, kept alive, with a JSON API beside it."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import uvicorn
+
+from lighthouse.app import create_app
+from lighthouse.config import LighthouseSettings
+from lighthouse.supervisor import LighthouseSupervisor
+from protocol.settings import parse_settings
+
+
+def main() -> int:
+    settings = parse_settings(LighthouseSettings, "lighthouse", sys.argv[1:])
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s lighthouse %(message)s")
+    supervisor = LighthouseSupervisor(settings)
+    supervisor.start()
+    try:
+        uvicorn.run(create_app(settings, supervisor), host=settings.api_host, port=settings.api_port,
+                    log_level="warning")
+    finally:
+        supervisor.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""The replica-group agent: supervises one group's torchrun and forwards its events."""

@@ -1,0 +1,114 @@
+"""Starts, kills, stops and restarts one replica group's torchrun process tree."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import threading
+import time
+from typing import Callable, Literal
+
+from service.proctree import process_tree, signal_tree, wait_gone
+from trainer.launch import torchrun_argv, torchrun_env
+
+log = logging.getLogger("agent.supervisor")
+ExitKind = Literal["killed", "crashed", "stopped", "finished"]
+
+
+class StateConflict(Exception):
+    """The command does not fit the group's state (kill while down, start while running)."""
+
+
+class GroupSupervisor:
+    def __init__(self, group: int, nproc: int, trainer_args: list[str], log_path, master_addr: str | None,
+                 on_event: Callable[..., None], stop_timeout_s: float, auto_rejoin_delay_s: float | None):
+        self.group = group
+        self.nproc = nproc
+        self.trainer_args = trainer_args
+        self.log_path = log_path
+        self.master_addr = master_addr
+        self.on_event = on_event
+        self.stop_timeout_s = stop_timeout_s
+        self.auto_rejoin_delay_s = auto_rejoin_delay_s
+        self.proc: subprocess.Popen | None = None
+        self.starts = 0
+        self.last_exit: dict | None = None
+        self._intent: ExitKind | None = None
+        self._lock = threading.RLock()
+        self._shutdown = threading.Event()
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    @property
+    def restarts(self) -> int:
+        return max(0, self.starts - 1)
+
+    def pids(self) -> list[int]:
+        return [p.pid for p in process_tree(self.proc.pid)] if self.running else []
+
+    def start(self) -> int:
+        with self._lock:
+            if self.running:
+                raise StateConflict(f"group {self.group} is already running (pid {self.proc.pid})")
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            argv = torchrun_argv(self.nproc, self.trainer_args, self.master_addr)
+            with open(self.log_path, "ab") as out:
+                out.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} starting group {self.group}\n".encode())
+                out.flush()
+                self.proc = subprocess.Popen(argv, env=torchrun_env(), stdout=out, stderr=subprocess.STDOUT,
+                                             start_new_session=True)
+            self.starts += 1
+            self._intent = None
+            proc = self.proc
+        self.on_event("started", pid=proc.pid)
+        threading.Thread(target=self._watch, args=(proc,), name=f"watch-{proc.pid}", daemon=True).start()
+        return proc.pid
+
+    def _watch(self, proc: subprocess.Popen) -> None:
+        code = proc.wait()
+        with self._lock:
+            intent = self._intent
+        kind: ExitKind = intent or ("finished" if code == 0 else "crashed")
+        self.last_exit = {"kind": kind, "returncode": code, "ts": time.time()}
+        log.info("group %d %s (exit code %s)", self.group, kind, code)
+        self.on_event(kind, pid=proc.pid, returncode=code)
+        if kind in ("killed", "crashed") and self.auto_rejoin_delay_s is not None:
+            if not self._shutdown.wait(self.auto_rejoin_delay_s):
+                try:
+                    self.start()
+                except StateConflict:
+                    pass
+
+    def kill(self) -> list[int]:
+        """SIGKILL the whole tree at once (torchrun and every rank), like losing the node."""
+        with self._lock:
+            if not self.running:
+                raise StateConflict(f"group {self.group} is not running")
+            self._intent = "killed"
+            pids = signal_tree(self.proc.pid, signal.SIGKILL)
+        wait_gone(pids, 10)
+        return pids
+
+    def stop(self) -> None:
+        """SIGTERM to torchrun (it forwards to the ranks, which finish their step), then SIGKILL."""
+        with self._lock:
+            if not self.running:
+                raise StateConflict(f"group {self.group} is not running")
+            self._intent = "stopped"
+            proc = self.proc
+            pids = [p.pid for p in process_tree(proc.pid)]
+        os.kill(proc.pid, signal.SIGTERM)
+        for pid in wait_gone(pids, self.stop_timeout_s):
+            signal_tree(pid, signal.SIGKILL)
+        proc.wait()
+
+    def shutdown(self) -> None:
+        self._shutdown.set()
+        try:
+            self.stop()
+        except StateConflict:
+            pass

@@ -1,0 +1,1 @@
+"""The control plane: REST API, SQLite history, group state machines, drills."""

@@ -1,0 +1,186 @@
+"""SQLite history of the control plane: events, group transitions, drill reports.
+
+One file, WAL mode, schema versioned with ``PRAGMA user_version``: a file written by an
+older version is migrated forward on open; a newer one is refused with a clear error.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterable
+
+MIGRATIONS: list[str] = [
+    """
+    CREATE TABLE events (
+        id INTEGER PRIMARY KEY,
+        ts REAL NOT NULL,
+        received REAL NOT NULL,
+        grp INTEGER NOT NULL,
+        rank INTEGER,
+        type TEXT NOT NULL,
+        step INTEGER,
+        body TEXT NOT NULL
+    );
+    CREATE INDEX events_by_group_type ON events (grp, type, id);
+    CREATE INDEX events_by_type ON events (type, id);
+    CREATE TABLE transitions (
+        id INTEGER PRIMARY KEY,
+        grp INTEGER NOT NULL,
+        state TEXT NOT NULL,
+        reason TEXT,
+        ts REAL NOT NULL
+    );
+    CREATE INDEX transitions_by_group ON transitions (grp, id);
+    CREATE TABLE drills (
+        id INTEGER PRIMARY KEY,
+        kind TEXT NOT NULL,
+        grp INTEGER,
+        status TEXT NOT NULL,
+        created REAL NOT NULL,
+        updated REAL NOT NULL,
+        report TEXT NOT NULL,
+        error TEXT
+    );
+    CREATE TABLE ingest_stats (
+        grp INTEGER PRIMARY KEY,
+        agent_dropped INTEGER NOT NULL DEFAULT 0,
+        rejected INTEGER NOT NULL DEFAULT 0
+    );
+    """,
+]
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+class SchemaTooNew(RuntimeError):
+    pass
+
+
+class Store:
+    def __init__(self, path: Path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        self._conn.row_factory = sqlite3.Row
+        self._lock = threading.Lock()
+        with self._lock:
+            self._conn.execute("PRAGMA journal_mode=WAL")
+            self._conn.execute("PRAGMA synchronous=NORMAL")
+            self._migrate()
+
+    def _migrate(self) -> None:
+        version = self._conn.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise SchemaTooNew(f"{self.path} has schema version {version}, newer than this control plane's "
+                               f"{SCHEMA_VERSION}; upgrade ftctl or use another --db")
+        for number in range(version, SCHEMA_VERSION):
+            self._conn.executescript(f"BEGIN; {MIGRATIONS[number]}; PRAGMA user_version = {number + 1}; COMMIT;")
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    def _rows(self, sql: str, args: Iterable[Any] = ()) -> list[sqlite3.Row]:
+        with self._lock:
+            return self._conn.execute(sql, tuple(args)).fetchall()
+
+    # --- events
+    def add_events(self, events: list[dict]) -> list[int]:
+        now = time.time()
+        ids = []
+        with self._lock:
+            self._conn.execute("BEGIN")
+            for e in events:
+                cur = self._conn.execute(
+                    "INSERT INTO events (ts, received, grp, rank, type, step, body) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (e["ts"], now, e["group"], e.get("rank"), e["type"], e.get("step"), json.dumps(e)),
+                )
+                ids.append(cur.lastrowid)
+            self._conn.execute("COMMIT")
+        return ids
+
+    def events(self, group: int | None = None, types: list[str] | None = None, since: float | None = None,
+               after_id: int = 0, limit: int = 100, rank: int | None = None) -> list[dict]:
+        where, args = ["id > ?"], [after_id]
+        if group is not None:
+            where.append("grp = ?"); args.append(group)
+        if types:
+            where.append(f"type IN ({','.join('?' * len(types))})"); args.extend(types)
+        if since is not None:
+            where.append("ts >= ?"); args.append(since)
+        if rank is not None:
+            where.append("rank = ?"); args.append(rank)
+        rows = self._rows(f"SELECT id, body FROM events WHERE {' AND '.join(where)} ORDER BY id LIMIT ?",
+                          [*args, limit])
+        return [{"id": r["id"], **json.loads(r["body"])} for r in rows]
+
+    def latest_event(self, group: int, type_: str, rank: int | None = 0, where_json: str | None = None) -> dict | None:
+        sql = "SELECT id, body FROM events WHERE grp = ? AND type = ?"
+        args: list[Any] = [group, type_]
+        if rank is not None:
+            sql += " AND rank = ?"; args.append(rank)
+        if where_json:
+            sql += f" AND {where_json}"
+        rows = self._rows(sql + " ORDER BY id DESC LIMIT 1", args)
+        return {"id": rows[0]["id"], **json.loads(rows[0]["body"])} if rows else None
+
+    def count_events(self, group: int, type_: str, where_json: str = "1") -> int:
+        return self._rows(f"SELECT COUNT(*) FROM events WHERE grp = ? AND type = ? AND {where_json}",
+                          [group, type_])[0][0]
+
+    # --- transitions
+    def add_transition(self, group: int, state: str, reason: str | None, ts: float) -> None:
+        with self._lock:
+            self._conn.execute("INSERT INTO transitions (grp, state, reason, ts) VALUES (?, ?, ?, ?)",
+                               (group, state, reason, ts))
+
+    def transitions(self, group: int) -> list[dict]:
+        return [dict(r) for r in self._rows(
+            "SELECT state, reason, ts FROM transitions WHERE grp = ? ORDER BY id", [group])]
+
+    # --- ingest accounting
+    def record_ingest(self, group: int, agent_dropped: int, rejected: int) -> None:
+        with self._lock:
+            self._conn.execute(
+                "INSERT INTO ingest_stats (grp, agent_dropped, rejected) VALUES (?, ?, ?) "
+                "ON CONFLICT(grp) DO UPDATE SET agent_dropped = excluded.agent_dropped, "
+                "rejected = rejected + excluded.rejected", (group, agent_dropped, rejected))
+
+    def ingest_stats(self) -> dict[int, dict]:
+        return {r["grp"]: {"agent_dropped": r["agent_dropped"], "rejected": r["rejected"]}
+                for r in self._rows("SELECT * FROM ingest_stats")}
+
+    # --- drills
+    def create_drill(self, kind: str, group: int | None, report: dict) -> int:
+        now = time.time()
+        with self._lock:
+            cur = self._conn.execute(
+                "INSERT INTO drills (kind, grp, status, created, updated, report) VALUES (?, ?, 'running', ?, ?, ?)",
+                (kind, group, now, now, json.dumps(report)))
+            return cur.lastrowid
+
+    def update_drill(self, drill_id: int, status: str, report: dict, error: str | None = None) -> None:
+        with self._lock:
+            self._conn.execute("UPDATE drills SET status = ?, report = ?, error = ?, updated = ? WHERE id = ?",
+                               (status, json.dumps(report), error, time.time(), drill_id))
+
+    def drill(self, drill_id: int) -> dict | None:
+        rows = self._rows("SELECT * FROM drills WHERE id = ?", [drill_id])
+        return _drill_row(rows[0]) if rows else None
+
+    def drills(self, limit: int = 100) -> list[dict]:
+        return [_drill_row(r) for r in self._rows("SELECT * FROM drills ORDER BY id DESC LIMIT ?", [limit])]
+
+    def fail_running_drills(self, error: str) -> int:
+        with self._lock:
+            return self._conn.execute("UPDATE drills SET status = 'failed', error = ?, updated = ? "
+                                      "WHERE status = 'running'", (error, time.time())).rowcount
+
+
+def _drill_row(row: sqlite3.Row) -> dict:
+    return {"id": row["id"], "kind": row["kind"], "group": row["grp"], "status": row["status"],
+            "created": row["created"], "updated": row["updated"], "error": row["error"],
+            "report": json.loads(row["report"])}

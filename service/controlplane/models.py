@@ -1,0 +1,153 @@
+"""Request and response bodies of the control plane's REST API."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from lighthouse.status import LighthouseStatus
+
+
+class TransitionOut(BaseModel):
+    state: str
+    reason: str | None = None
+    ts: float
+
+
+class HealOut(BaseModel):
+    ts: float
+    step: int
+    source_group: int
+    bytes: int
+    fetch_s: float
+    load_s: float
+
+
+class GroupOut(BaseModel):
+    group: int
+    state: Literal["unknown", "starting", "joining", "healing", "training", "down"]
+    down_reason: str | None = Field(None, description="killed, crashed, stopped or finished, when down")
+    since: float | None = Field(None, description="when the group entered its state")
+    step: int | None = Field(None, description="last committed step its rank 0 reported")
+    loss: float | None = None
+    participants: int | None = None
+    quorum_id: int | None = None
+    step_s: float | None = None
+    last_event_ts: float | None = None
+    last_heal: HealOut | None = None
+    pid: int | None = None
+    restarts: int = 0
+    transitions: list[TransitionOut] | None = Field(None, description="every transition (GET /groups/{g} only)")
+
+
+class QuorumMemberOut(BaseModel):
+    group: int | None
+    replica_id: str
+    step: int
+    manager_address: str
+    store_address: str
+    world_size: int
+    recovering: bool
+    state: str | None = Field(None, description="the group's state in the control plane")
+    last_reported_step: int | None = None
+    participants: int | None = None
+
+
+class QuorumOut(BaseModel):
+    lighthouse_reachable: bool
+    lighthouse_error: str | None = None
+    quorum_id: int | None = None
+    next_quorum_status: str | None = None
+    heartbeating: int | None = None
+    members: list[QuorumMemberOut] = []
+    heartbeats: list[dict[str, Any]] = []
+    groups: list[GroupOut] = Field(description="every group, members of the quorum or not")
+    raw: LighthouseStatus | None = None
+
+
+class EventOut(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    id: int
+    ts: float
+    group: int
+    type: str
+    rank: int | None = None
+
+
+class EventPage(BaseModel):
+    events: list[EventOut]
+    next_after_id: int | None = Field(description="pass as after_id for the next page; null at the end")
+
+
+class IngestIn(BaseModel):
+    group: int = Field(ge=0)
+    events: list[dict[str, Any]] = Field(max_length=10_000)
+    dropped: int = Field(0, ge=0, description="events the agent dropped while the control plane was away")
+
+
+class IngestOut(BaseModel):
+    accepted: int
+    rejected: int
+
+
+class CommandOut(BaseModel):
+    group: int
+    action: Literal["kill", "rejoin"]
+    group_state: GroupOut
+    agent: dict[str, Any]
+
+
+class DrillIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["kill-heal"]
+    group: int = Field(ge=0)
+    timeout_s: float | None = Field(None, gt=0, le=3600, description="per phase; default from settings")
+
+
+class KillHealReport(BaseModel):
+    """What a kill-heal drill measured. Times are Unix seconds; *_s are durations."""
+
+    group: int
+    survivors: list[int] = []
+    participants_before: int | None = None
+    killed_at: float | None = None
+    quorum_shrunk_at: float | None = Field(None, description="a survivor's quorum dropped the killed group")
+    survivors_first_commit_at: float | None = Field(None, description="a survivor's first commit in the shrunken quorum")
+    survivors_steps_lost: int | None = Field(None, description="survivor steps not committed between kill and resume")
+    rejoined_at: float | None = None
+    heal_started_at: float | None = None
+    healed_commit_at: float | None = Field(None, description="the rejoined group's first committed step after its heal")
+    healed_step: int | None = None
+    heal_bytes: int | None = None
+    heal_fetch_s: float | None = None
+    detect_s: float | None = Field(None, description="kill → survivors' quorum shrank (T_d)")
+    survivors_resume_s: float | None = Field(None, description="kill → survivors' first commit without the group")
+    rejoin_to_healed_commit_s: float | None = None
+    fingerprint_step: int | None = None
+    fingerprints: dict[str, dict[str, str]] | None = Field(None, description="group → rank → digest at fingerprint_step")
+    fingerprints_equal: bool | None = None
+    phase: str = "starting"
+
+
+class DrillOut(BaseModel):
+    id: int
+    kind: str
+    group: int | None
+    status: Literal["running", "done", "failed"]
+    created: float
+    updated: float
+    error: str | None = None
+    fingerprints_equal: bool | None = None
+    report: KillHealReport
+
+
+class DrillList(BaseModel):
+    drills: list[DrillOut]
+
+
+class Health(BaseModel):
+    ok: bool
+    checks: dict[str, str] = {}

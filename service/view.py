@@ -1,0 +1,82 @@
+"""Terminal views of the cluster (rich)."""
+
+from __future__ import annotations
+
+import time
+
+from rich.console import Group
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+STATE_STYLE = {"training": "bold green", "healing": "bold yellow", "joining": "cyan", "starting": "cyan",
+               "down": "bold red", "unknown": "dim"}
+
+
+def _age(ts: float | None) -> str:
+    if ts is None:
+        return "-"
+    seconds = max(0.0, time.time() - ts)
+    return f"{seconds:.0f}s" if seconds < 120 else f"{seconds / 60:.0f}m"
+
+
+def groups_table(groups: list[dict]) -> Table:
+    table = Table(expand=True, header_style="bold")
+    for name in ("group", "state", "for", "step", "loss", "s/step", "participants", "quorum", "restarts", "last heal"):
+        table.add_column(name, justify="right" if name not in ("state", "last heal") else "left")
+    for g in groups:
+        state = g["state"] + (f" ({g['down_reason']})" if g.get("down_reason") else "")
+        heal = g.get("last_heal")
+        heal_text = (f"step {heal['step']} from g{heal['source_group']}, {heal['bytes'] / 2**20:.0f} MiB "
+                     f"in {heal['fetch_s']:.2f}s, {_age(heal['ts'])} ago") if heal else "-"
+        table.add_row(
+            str(g["group"]), Text(state, style=STATE_STYLE.get(g["state"], "")), _age(g.get("since")),
+            str(g["step"] if g["step"] is not None else "-"),
+            f"{g['loss']:.3f}" if g.get("loss") is not None else "-",
+            f"{g['step_s']:.2f}" if g.get("step_s") is not None else "-",
+            str(g["participants"] if g.get("participants") is not None else "-"),
+            str(g["quorum_id"] if g.get("quorum_id") is not None else "-"), str(g.get("restarts", 0)), heal_text,
+        )
+    return table
+
+
+def cluster_view(quorum: dict, header: str = "") -> Panel:
+    if quorum.get("lighthouse_reachable"):
+        top = (f"quorum [bold]{quorum['quorum_id']}[/]  ·  {len(quorum['members'])} member(s)  ·  "
+               f"{quorum.get('heartbeating') if quorum.get('heartbeating') is not None else '?'} heartbeating  ·  "
+               f"[dim]{quorum.get('next_quorum_status') or ''}[/]")
+    else:
+        top = f"[red]Lighthouse unreachable:[/] {quorum.get('lighthouse_error')}"
+    parts = [Text.from_markup(header)] if header else []
+    return Panel(Group(*parts, Text.from_markup(top), groups_table(quorum["groups"])),
+                 title="ftctl · elastic HSDP on torchft", border_style="blue")
+
+
+def drill_table(drill: dict) -> Table:
+    r = drill["report"]
+    table = Table(title=f"drill {drill['id']} · {drill['kind']} · group {drill['group']} · {drill['status']}",
+                  show_header=False, expand=False)
+    table.add_column("what", style="bold")
+    table.add_column("value")
+
+    def secs(key: str) -> str:
+        return f"{r[key]:.2f} s" if r.get(key) is not None else "-"
+
+    rows = [
+        ("phase", r.get("phase")),
+        ("survivors", ", ".join(map(str, r.get("survivors", [])))),
+        ("kill → quorum shrank (detect)", secs("detect_s")),
+        ("kill → survivors commit again", secs("survivors_resume_s")),
+        ("survivor steps lost", str(r.get("survivors_steps_lost", "-"))),
+        ("rejoin → healed commit", secs("rejoin_to_healed_commit_s")),
+        ("healed at step", str(r.get("healed_step", "-"))),
+        ("heal transfer (rank 0)", f"{r['heal_bytes'] / 2**20:.1f} MiB in {r['heal_fetch_s']:.2f} s"
+         if r.get("heal_bytes") is not None else "-"),
+        ("fingerprints at step", str(r.get("fingerprint_step", "-"))),
+        ("fingerprints equal", {True: "[green]yes[/]", False: "[red]NO[/]"}.get(r.get("fingerprints_equal"), "-")),
+    ]
+    if drill.get("error"):
+        rows.append(("error", f"[red]{drill['error']}[/]"))
+    for what, value in rows:
+        table.add_row(what, Text.from_markup(str(value)))
+    return table
