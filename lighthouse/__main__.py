@@ -16,13 +16,9 @@ from protocol.settings import parse_settings
 def main() -> int:
     settings = parse_settings(LighthouseSettings, "lighthouse", sys.argv[1:])
     logging.basicConfig(level=logging.INFO, format="%(asctime)s lighthouse %(message)s")
-    supervisor = LighthouseSupervisor(settings)
-    supervisor.start()
-    try:
-        uvicorn.run(create_app(settings, supervisor), host=settings.api_host, port=settings.api_port,
-                    log_level="warning")
-    finally:
-        supervisor.stop()
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    app = create_app(settings, LighthouseSupervisor(settings))
+    uvicorn.run(app, host=settings.api_host, port=settings.api_port, log_level="warning")
     return 0
 
 

@@ -45,7 +45,11 @@ def create_app(settings: LighthouseSettings, supervisor: LighthouseSupervisor) -
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
+        # Here rather than around uvicorn.run: uvicorn re-raises SIGTERM after its shutdown,
+        # so code after run() never runs; the lifespan's exit does.
+        supervisor.start()
         yield
+        supervisor.stop()
         await client.aclose()
 
     app = FastAPI(title="torchft Lighthouse wrapper", lifespan=lifespan)

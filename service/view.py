@@ -22,13 +22,14 @@ def _age(ts: float | None) -> str:
 
 def groups_table(groups: list[dict]) -> Table:
     table = Table(expand=True, header_style="bold")
-    for name in ("group", "state", "for", "step", "loss", "s/step", "participants", "quorum", "restarts", "last heal"):
-        table.add_column(name, justify="right" if name not in ("state", "last heal") else "left")
+    for name in ("group", "state", "for", "step", "loss", "s/step", "groups", "quorum", "restarts", "last heal"):
+        table.add_column(name, justify="left" if name in ("state", "last heal") else "right",
+                         no_wrap=True, overflow="ellipsis")
     for g in groups:
         state = g["state"] + (f" ({g['down_reason']})" if g.get("down_reason") else "")
         heal = g.get("last_heal")
-        heal_text = (f"step {heal['step']} from g{heal['source_group']}, {heal['bytes'] / 2**20:.0f} MiB "
-                     f"in {heal['fetch_s']:.2f}s, {_age(heal['ts'])} ago") if heal else "-"
+        heal_text = (f"@{heal['step']} ← g{heal['source_group']} {heal['bytes'] / 2**20:.0f} MiB "
+                     f"{heal['fetch_s']:.1f}s, {_age(heal['ts'])} ago") if heal else "-"
         table.add_row(
             str(g["group"]), Text(state, style=STATE_STYLE.get(g["state"], "")), _age(g.get("since")),
             str(g["step"] if g["step"] is not None else "-"),
@@ -42,9 +43,10 @@ def groups_table(groups: list[dict]) -> Table:
 
 def cluster_view(quorum: dict, header: str = "") -> Panel:
     if quorum.get("lighthouse_reachable"):
-        top = (f"quorum [bold]{quorum['quorum_id']}[/]  ·  {len(quorum['members'])} member(s)  ·  "
-               f"{quorum.get('heartbeating') if quorum.get('heartbeating') is not None else '?'} heartbeating  ·  "
-               f"[dim]{quorum.get('next_quorum_status') or ''}[/]")
+        beating = quorum.get("heartbeating")
+        top = (f"quorum [bold]{quorum['quorum_id']}[/]  ·  members "
+               f"{', '.join('g' + str(m['group']) for m in quorum['members']) or 'none'}  ·  "
+               f"{beating if beating is not None else '?'} heartbeating")
     else:
         top = f"[red]Lighthouse unreachable:[/] {quorum.get('lighthouse_error')}"
     parts = [Text.from_markup(header)] if header else []

@@ -15,6 +15,7 @@ from service.agent.config import AgentSettings
 def main() -> int:
     settings = parse_settings(AgentSettings, "agent", sys.argv[1:])
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s agent[{settings.group}] %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="warning")
     return 0
 

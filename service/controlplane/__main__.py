@@ -15,6 +15,7 @@ from service.controlplane.settings import ControlPlaneSettings
 def main() -> int:
     settings = parse_settings(ControlPlaneSettings, "controlplane", sys.argv[1:])
     logging.basicConfig(level=logging.INFO, format="%(asctime)s controlplane %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="warning")
     return 0
 

@@ -15,7 +15,7 @@ def drill_out(row: dict) -> DrillOut:
 
 
 @mutating.post("", response_model=DrillOut, status_code=202, responses={404: {}, 409: {}, 422: {}})
-def start_drill(body: DrillIn, request: Request, response: Response, s: Services = Depends(services)) -> DrillOut:
+async def start_drill(body: DrillIn, request: Request, response: Response, s: Services = Depends(services)) -> DrillOut:
     """Start a drill; it runs in the background. Poll ``GET /api/v1/drills/{id}``."""
     group_view(body.group, request)
     try:

@@ -58,8 +58,11 @@ async def stream_events(request: Request, group: int | None = Query(None, ge=0),
 
 
 @ingest_router.post("/ingest", response_model=IngestOut)
-def ingest(body: IngestIn, s: Services = Depends(services)) -> IngestOut:
-    """Agents post their group's events here in batches."""
+async def ingest(body: IngestIn, s: Services = Depends(services)) -> IngestOut:
+    """Agents post their group's events here in batches.
+
+    Async on purpose: it runs on the event loop, which owns the listeners' asyncio queues.
+    """
     if body.group not in s.hub.views:
         raise HTTPException(404, f"no replica group {body.group}")
     accepted, rejected = s.hub.ingest(body.group, body.events, body.dropped)
