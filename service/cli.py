@@ -56,6 +56,8 @@ def cmd_up(args) -> int:
     try:
         with Live(console=console, refresh_per_second=2, transient=False) as live:
             while not stopping["flag"]:
+                for name in cluster.revive():
+                    console.print(f"[yellow]{name} had exited; restarted it[/]")
                 try:
                     quorum = conn.call("GET", "/api/v1/quorum")
                     live.update(cluster_view(quorum, header))

@@ -47,8 +47,10 @@ class UpConfig:
 @dataclass
 class Child:
     name: str
+    argv: list[str]
     proc: subprocess.Popen
     log: Path
+    restarts: int = 0
 
 
 class StartupError(Exception):
@@ -73,15 +75,31 @@ class Cluster:
     def agent_url(self, group: int) -> str:
         return f"http://127.0.0.1:{self.agent_ports[group]}"
 
-    def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Child:
-        log = self.cfg.state_dir / "logs" / f"{name}.log"
+    def _popen(self, argv: list[str], log: Path) -> subprocess.Popen:
         log.parent.mkdir(parents=True, exist_ok=True)
         with open(log, "ab") as out:
-            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                    env={**os.environ, "FTCTL_TOKEN": self.cfg.token, **(env or {})})
-        child = Child(name, proc, log)
+            return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                    env={**os.environ, "FTCTL_TOKEN": self.cfg.token})
+
+    def _spawn(self, name: str, argv: list[str]) -> Child:
+        log = self.cfg.state_dir / "logs" / f"{name}.log"
+        child = Child(name, argv, self._popen(argv, log), log)
         self.children.append(child)
         return child
+
+    def revive(self) -> list[str]:
+        """Restart any service process that died (its state is on disk); returns their names.
+
+        The groups are the agents' business: an agent restarted here finds its group's
+        torchrun gone with it and starts the group again, which then heals from a peer.
+        """
+        revived = []
+        for child in self.children:
+            if child.proc.poll() is not None:
+                child.proc = self._popen(child.argv, child.log)
+                child.restarts += 1
+                revived.append(child.name)
+        return revived
 
     def _wait_http(self, child: Child, url: str, timeout_s: float = 60) -> None:
         deadline = time.monotonic() + timeout_s

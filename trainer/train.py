@@ -188,10 +188,11 @@ class RankTrainer:
                 self._say(f"quorum {manager._quorum_id}: {participants} group(s) training at step {step}")
                 quorum_id = manager._quorum_id
             if healed:
-                self.sink.emit(HealEvent, step=step, source_group=self.live.last_source_group,
+                healed_step = now_step - 1 if committed else now_step  # the step the state was taken at
+                self.sink.emit(HealEvent, step=healed_step, source_group=self.live.last_source_group,
                                bytes=self.live.last_load_bytes, fetch_s=self.transport.last_fetch_s,
                                load_s=self.live.last_load_s)
-                self._say(f"healed from group {self.live.last_source_group} at step {step}: "
+                self._say(f"healed from group {self.live.last_source_group} at step {healed_step}: "
                           f"{self.live.last_load_bytes / 2**20:.1f} MiB in {self.transport.last_fetch_s:.2f}s")
             loss_value = loss.item()
             self.sink.emit(

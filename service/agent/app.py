@@ -57,12 +57,13 @@ def create_app(settings: AgentSettings) -> FastAPI:
         forwarder.emit_process(action, **fields)
 
     supervisor = GroupSupervisor(settings.group, settings.nproc_per_group, trainer_args, settings.log_path,
-                                 settings.advertise_host, on_process_event, settings.stop_timeout_s,
-                                 settings.auto_rejoin_delay_s)
+                                 settings.pid_path, settings.advertise_host, on_process_event,
+                                 settings.stop_timeout_s, settings.auto_rejoin_delay_s)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         settings.events_dir.mkdir(parents=True, exist_ok=True)
+        await run_in_threadpool(supervisor.reap_orphan)
         forwarder.start()
         if settings.autostart:
             supervisor.start()

@@ -36,5 +36,9 @@ class AgentSettings(BaseSettings):
         return self.state_dir / "events"
 
     @property
+    def pid_path(self) -> Path:
+        return self.state_dir / "run" / f"group{self.group}.pid"
+
+    @property
     def log_path(self) -> Path:
         return self.state_dir / "logs" / f"group{self.group}.log"

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import threading
 import time
+from pathlib import Path
 from typing import Callable, Literal
 
 from service.proctree import process_tree, signal_tree, wait_gone
@@ -22,12 +23,14 @@ class StateConflict(Exception):
 
 
 class GroupSupervisor:
-    def __init__(self, group: int, nproc: int, trainer_args: list[str], log_path, master_addr: str | None,
-                 on_event: Callable[..., None], stop_timeout_s: float, auto_rejoin_delay_s: float | None):
+    def __init__(self, group: int, nproc: int, trainer_args: list[str], log_path: Path, pid_path: Path,
+                 master_addr: str | None, on_event: Callable[..., None], stop_timeout_s: float,
+                 auto_rejoin_delay_s: float | None):
         self.group = group
         self.nproc = nproc
         self.trainer_args = trainer_args
         self.log_path = log_path
+        self.pid_path = pid_path
         self.master_addr = master_addr
         self.on_event = on_event
         self.stop_timeout_s = stop_timeout_s
@@ -50,17 +53,36 @@ class GroupSupervisor:
     def pids(self) -> list[int]:
         return [p.pid for p in process_tree(self.proc.pid)] if self.running else []
 
+    def reap_orphan(self) -> list[int]:
+        """Kill a torchrun a previous agent of this group left running (that agent died).
+
+        Two copies of one group must never train; the restarted group heals from a peer.
+        """
+        try:
+            pid = int(self.pid_path.read_text())
+        except (OSError, ValueError):
+            return []
+        tree = process_tree(pid)
+        if not tree or "torch.distributed.run" not in " ".join(tree[0].cmdline()):
+            return []
+        log.warning("group %d: killing torchrun %d left by a previous agent", self.group, pid)
+        pids = signal_tree(pid, signal.SIGKILL)
+        wait_gone(pids, 10)
+        return pids
+
     def start(self) -> int:
         with self._lock:
             if self.running:
                 raise StateConflict(f"group {self.group} is already running (pid {self.proc.pid})")
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            self.pid_path.parent.mkdir(parents=True, exist_ok=True)
             argv = torchrun_argv(self.nproc, self.trainer_args, self.master_addr)
             with open(self.log_path, "ab") as out:
                 out.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} starting group {self.group}\n".encode())
                 out.flush()
                 self.proc = subprocess.Popen(argv, env=torchrun_env(), stdout=out, stderr=subprocess.STDOUT,
                                              start_new_session=True)
+            self.pid_path.write_text(str(self.proc.pid))
             self.starts += 1
             self._intent = None
             proc = self.proc
