@@ -53,6 +53,7 @@ class StartEvent(BaseEvent):
     checkpoint_s: float = Field(description="looking for and loading a checkpoint")
     manager_s: float = Field(description="torchft Manager and replicate process group")
     resumed_step: int = Field(description="step loaded from a checkpoint, 0 when none")
+    spare_wait_s: float = Field(0.0, description="time spent built and waiting as a warm spare")
 
 
 class StepEvent(BaseEvent):

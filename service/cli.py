@@ -32,7 +32,8 @@ def cmd_up(args) -> int:
     cfg = UpConfig(groups=args.groups, nproc_per_group=args.nproc_per_group, steps=args.steps, port=args.port,
                    host=args.host, state_dir=Path(args.state_dir), lighthouse_port=args.lighthouse_port,
                    token=token, trainer_args=args.trainer_arg or [], auto_rejoin_delay_s=args.auto_rejoin_delay,
-                   min_replicas=args.min_replicas, heartbeat_timeout_ms=args.heartbeat_timeout_ms)
+                   min_replicas=args.min_replicas, heartbeat_timeout_ms=args.heartbeat_timeout_ms,
+                   spares=args.spares)
     cluster = Cluster(cfg)
     stopping = {"flag": False}
 
@@ -97,8 +98,14 @@ def cmd_group_action(args) -> int:
 
 def cmd_drill(args) -> int:
     conn = _connection(args)
-    drill = conn.call("POST", "/api/v1/drills", json={"kind": args.kind, "group": args.group,
-                                                     **({"timeout_s": args.timeout} if args.timeout else {})})
+    if args.kind == "kill-heal":
+        if args.group is None:
+            raise ApiError("drill kill-heal needs --group G")
+        body = {"kind": "kill-heal", "group": args.group, **({"timeout_s": args.timeout} if args.timeout else {})}
+    else:
+        body = {"kind": "chaos", "mtbf_s": args.mtbf, "duration_s": args.duration, "seed": args.seed,
+                "rejoin_delay_s": args.rejoin_delay, "baseline_s": args.baseline}
+    drill = conn.call("POST", "/api/v1/drills", json=body)
     with console.status(f"drill {drill['id']}: {drill['report']['phase']}") as status:
         while drill["status"] == "running":
             time.sleep(0.5)
@@ -111,7 +118,7 @@ def cmd_drill(args) -> int:
     if drill["status"] != "done":
         err_console.print(f"ftctl: error: drill {drill['id']} failed: {drill['error']}")
         return 1
-    if not drill["fingerprints_equal"]:
+    if args.kind == "kill-heal" and not drill["fingerprints_equal"]:
         err_console.print(f"ftctl: error: drill {drill['id']}: groups hold different state after the heal")
         return 1
     return 0
@@ -146,6 +153,24 @@ def cmd_events(args) -> int:
     return 0
 
 
+def cmd_ledger(args) -> int:
+    from service.ledger import HOUR, Cluster, NoProgress, Recovery, describe, sweep, young_interval
+
+    rec = Recovery(args.detect, args.restart, args.load, args.delta)
+    for gpus in args.gpus:
+        cluster = Cluster(gpus, args.gpu_mtbf_hours)
+        print(f"== {gpus} GPUs, per-GPU MTBF {args.gpu_mtbf_hours:,.0f} h, cluster MTBF {cluster.mtbf_s / HOUR:.2f} h; "
+              f"detect {args.detect:g}s restart {args.restart:g}s load {args.load:g}s delta {args.delta:g}s")
+        try:
+            rows = sweep(cluster, rec, tuple(args.tau) if args.tau else (2, 5, 10, 15, 30, 60))
+        except NoProgress as err:
+            raise ApiError(str(err)) from None
+        opt = young_interval(args.delta, cluster.mtbf_s)
+        for g in rows:
+            print(("  opt " if abs(g.tau_s - opt) < 1e-6 else "      ") + describe(g))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ftctl", description=__doc__)
     common = argparse.ArgumentParser(add_help=False)
@@ -163,6 +188,8 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--lighthouse-port", type=int, default=29510, help="torchft Lighthouse port (default 29510)")
     up.add_argument("--min-replicas", type=int, default=1, help="fewest groups that may commit a step (default 1)")
     up.add_argument("--heartbeat-timeout-ms", type=int, default=1000, help="Lighthouse failure detection (default 1000)")
+    up.add_argument("--spares", type=int, default=0,
+                    help="keep a warm spare for the first S groups: rejoin promotes it instead of starting cold")
     up.add_argument("--auto-rejoin-delay", type=float, default=None, help="rejoin a killed group by itself after this many seconds")
     up.add_argument("--trainer-arg", action="append", help="extra trainer flag, repeatable: --trainer-arg=--seq-len=64")
     up.add_argument("--refresh", type=float, default=1.0, help="seconds between live-view refreshes")
@@ -178,11 +205,27 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(func=cmd_group_action)
 
     drill = sub.add_parser("drill", parents=[common], help="run a drill and print its report")
-    drill.add_argument("kind", choices=["kill-heal"])
-    drill.add_argument("--group", type=int, required=True)
-    drill.add_argument("--timeout", type=float, help="seconds per phase")
+    drill.add_argument("kind", choices=["kill-heal", "chaos"])
+    drill.add_argument("--group", type=int, help="kill-heal: the group to kill")
+    drill.add_argument("--timeout", type=float, help="kill-heal: seconds per phase")
+    drill.add_argument("--mtbf", type=float, default=30.0, help="chaos: mean seconds between kills")
+    drill.add_argument("--duration", type=float, default=120.0, help="chaos: seconds of chaos")
+    drill.add_argument("--seed", type=int, default=0, help="chaos: random seed (same seed, same kills)")
+    drill.add_argument("--rejoin-delay", type=float, default=5.0, help="chaos: seconds before a killed group rejoins")
+    drill.add_argument("--baseline", type=float, default=20.0, help="chaos: failure-free seconds measured first")
     drill.add_argument("--json", action="store_true")
     drill.set_defaults(func=cmd_drill)
+
+    ledger = sub.add_parser("ledger", help="goodput under failures at scale (the seed's availability model)")
+    ledger.add_argument("--gpus", type=int, nargs="+", default=[1024, 16384])
+    ledger.add_argument("--gpu-mtbf-hours", type=float, default=50_000.0,
+                        help="per-GPU MTBF (Llama 3: 16,384 GPUs, 419 interruptions in 54 days: ~50,700 h)")
+    ledger.add_argument("--detect", type=float, default=600.0, help="T_d seconds (NCCL watchdog default 600)")
+    ledger.add_argument("--restart", type=float, default=300.0, help="T_r seconds (relaunch, rendezvous, comm init)")
+    ledger.add_argument("--load", type=float, default=120.0, help="T_l seconds (checkpoint load, or heal)")
+    ledger.add_argument("--delta", type=float, default=300.0, help="exposed seconds of one checkpoint")
+    ledger.add_argument("--tau", type=float, nargs="*", help="fixed checkpoint intervals to show, in minutes")
+    ledger.set_defaults(func=cmd_ledger)
 
     events = sub.add_parser("events", parents=[common], help="print events; --follow streams new ones")
     events.add_argument("--follow", "-f", action="store_true")

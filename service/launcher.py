@@ -37,6 +37,7 @@ class UpConfig:
     auto_rejoin_delay_s: float | None = None
     min_replicas: int = 1
     heartbeat_timeout_ms: int = 1000
+    spares: int = 0
 
     @property
     def api(self) -> str:
@@ -139,6 +140,8 @@ class Cluster:
                     "--nproc-per-group", str(cfg.nproc_per_group), "--lighthouse", self.lighthouse_url,
                     "--control-plane", cfg.api, "--port", str(self.agent_ports[g]),
                     "--state-dir", str(cfg.state_dir), "--trainer-args", json.dumps(trainer_args)]
+            if g < cfg.spares:
+                argv += ["--spare"]
             if cfg.auto_rejoin_delay_s is not None:
                 argv += ["--auto-rejoin-delay-s", str(cfg.auto_rejoin_delay_s)]
             self._spawn(f"agent{g}", argv)

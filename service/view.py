@@ -55,6 +55,8 @@ def cluster_view(quorum: dict, header: str = "") -> Panel:
 
 
 def drill_table(drill: dict) -> Table:
+    if drill["kind"] == "chaos":
+        return chaos_table(drill)
     r = drill["report"]
     table = Table(title=f"drill {drill['id']} · {drill['kind']} · group {drill['group']} · {drill['status']}",
                   show_header=False, expand=False)
@@ -81,4 +83,22 @@ def drill_table(drill: dict) -> Table:
         rows.append(("error", f"[red]{drill['error']}[/]"))
     for what, value in rows:
         table.add_row(what, Text.from_markup(str(value)))
+    return table
+
+
+def chaos_table(drill: dict) -> Table:
+    r = drill["report"]
+    table = Table(title=f"drill {drill['id']} · chaos · mtbf {r['mtbf_s']:g}s · {r['duration_s']:g}s · seed {r['seed']} · "
+                        f"{drill['status']}", show_header=False)
+    table.add_column("what", style="bold")
+    table.add_column("value")
+    rate = lambda v: f"{v:.2f} replica-batches/s" if v is not None else "-"  # noqa: E731
+    table.add_row("failure-free rate", rate(r.get("baseline_rate")))
+    table.add_row("rate under chaos", rate(r.get("chaos_rate")))
+    table.add_row("goodput", f"{100 * r['goodput']:.1f}%" if r.get("goodput") is not None else "-")
+    table.add_row("kills", ", ".join(f"g{k['group']}" for k in r.get("kills", [])) or "none")
+    for term, seconds in (r.get("lost_s") or {}).items():
+        table.add_row(f"lost to {term.replace('_', ' ')}", f"{seconds:.1f} s")
+    if drill.get("error"):
+        table.add_row("error", Text(drill["error"], style="red"))
     return table

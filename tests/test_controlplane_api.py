@@ -137,6 +137,8 @@ def test_state_conflicts_are_409_and_change_nothing(api):
     assert drill.status_code == 409 and "rejoin it before drilling" in drill.json()["detail"]
     lonely = api.post("/api/v1/drills", json={"kind": "kill-heal", "group": 0}, headers=AUTH)
     assert lonely.status_code == 409 and "no other group is training" in lonely.json()["detail"]
+    chaos = api.post("/api/v1/drills", json={"kind": "chaos", "mtbf_s": 5, "duration_s": 10}, headers=AUTH)
+    assert chaos.status_code == 409 and "chaos needs at least 2 groups training, 1 are" in chaos.json()["detail"]
     assert api.get("/api/v1/drills").json()["drills"] == []
     assert [g["state"] for g in api.get("/api/v1/groups").json()] == ["training", "down"]
 
@@ -160,10 +162,12 @@ def test_a_second_drill_while_one_runs_is_409(api):
 
 def test_malformed_input_is_422_with_one_clear_line(api):
     cases = [
-        ({"kind": "chaos-monkey", "group": 1}, "body.kind"),
-        ({"kind": "kill-heal"}, "body.group: Field required"),
-        ({"kind": "kill-heal", "group": -1}, "body.group"),
-        ({"kind": "kill-heal", "group": 1, "surprise": True}, "body.surprise: Extra inputs are not permitted"),
+        ({"kind": "chaos-monkey", "group": 1}, "body: Input tag 'chaos-monkey' found using 'kind' does not match"),
+        ({"kind": "kill-heal"}, "body.kill-heal.group: Field required"),
+        ({"kind": "kill-heal", "group": -1}, "body.kill-heal.group: Input should be greater than or equal to 0"),
+        ({"kind": "kill-heal", "group": 1, "surprise": True}, "body.kill-heal.surprise: Extra inputs are not permitted"),
+        ({"kind": "chaos", "duration_s": 10}, "body.chaos.mtbf_s: Field required"),
+        ({"kind": "chaos", "mtbf_s": 0, "duration_s": 10}, "body.chaos.mtbf_s: Input should be greater than 0"),
     ]
     for body, detail in cases:
         response = api.post("/api/v1/drills", json=body, headers=AUTH)

@@ -139,6 +139,11 @@ class Checkpointer:
         self.restore(state)
         return time.perf_counter() - start
 
+    def newest_name(self) -> str | None:
+        """The newest published checkpoint's folder name, unverified (a cheap listing)."""
+        names = [p.name for p in self.root.iterdir() if p.is_dir() and p.name.startswith("step-")] if self.root.is_dir() else []
+        return max(names, default=None)
+
     def choose(self, warn) -> Found | None:
         """Rank 0 picks the newest complete checkpoint; every rank of the group gets its pick."""
         pick: list[Found | None] = [newest_complete(self.root, warn) if dist.get_rank() == 0 else None]

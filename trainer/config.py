@@ -99,6 +99,10 @@ class TrainerConfig(BaseSettings):
     events_dir: Path = Field(Path("ftstate/events"), description="JSON-lines event files, one per rank")
     fingerprint_every: int = Field(10, ge=1, description="hash local parameter+optimizer shards every N committed steps")
     log_every: int = Field(10, ge=1, description="rank 0 prints a progress line every N steps")
+    spare_promote_file: Path | None = Field(
+        None, description="start as a warm spare: build everything, mark each rank ready "
+        "(PATH.ready-rN), and join the quorum only once PATH exists (the agent creates it)",
+    )
     step_sleep_s: float = Field(0.0, ge=0, description="sleep after every step (slows training down for demos and drills)")
 
     @model_validator(mode="after")

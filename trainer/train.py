@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import math
 import os
 import signal
 import time
@@ -12,7 +11,6 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 import torchft
 from torchft.manager import REPLICA_ID_KEY
 from torch.distributed.device_mesh import init_device_mesh
@@ -27,28 +25,13 @@ from protocol.events import (
     StartEvent,
     StepEvent,
 )
-from trainer.checkpoint import Checkpointer
+from trainer.checkpoint import Checkpointer, Found
 from trainer.config import TrainerConfig
-from trainer.corpus import read_corpus
-from trainer.data import BatchPlan, TokenBatches
 from trainer.fault_tolerance import ReplicateAllReduce, build_manager, check_lighthouse_reachable
-from trainer.model import VOCAB_SIZE, build_sharded_model, count_parameters
-from trainer.state import LiveState, TrainingPosition, materialize_optimizer_state
+from trainer.setup import build_training, init_device
 from trainer.telemetry import EventSink, TorchftLogBridge
 
 log = logging.getLogger("trainer")
-
-
-def lr_lambda(warmup_steps: int, total_steps: int, floor: float = 0.1):
-    """Linear warm-up, then cosine decay to ``floor`` of the peak at ``total_steps``."""
-
-    def factor(step: int) -> float:
-        if step < warmup_steps:
-            return (step + 1) / (warmup_steps + 1)
-        progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
-        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
-
-    return factor
 
 
 @dataclass
@@ -66,68 +49,85 @@ class StopRequest:
         self.requested = True
 
 
-def _init_device(cfg: TrainerConfig) -> tuple[torch.device, str]:
-    if cfg.device == "cuda":
-        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        torch.cuda.set_device(local_rank)
-        return torch.device("cuda", local_rank), "nccl"
-    return torch.device("cpu"), "gloo"
-
-
 class RankTrainer:
-    def __init__(self, cfg: TrainerConfig, process_start: float):
+    def __init__(self, cfg: TrainerConfig, process_start: float, stop: "StopRequest"):
         self.cfg = cfg
         t_imports = time.time()
         check_lighthouse_reachable(cfg.lighthouse)
-        self.device, backend = _init_device(cfg)
+        self.device, backend = init_device(cfg)
         dist.init_process_group(backend)
         self.rank, self.ranks = dist.get_rank(), dist.get_world_size()
         mesh = init_device_mesh(self.device.type, (self.ranks,), mesh_dim_names=("dp_shard",))
-        per_rank_batch = cfg.per_rank_batch(self.ranks)
         t_pg = time.time()
-
-        corpus = read_corpus(cfg.data, cfg.data_max_bytes)
-        plan = BatchPlan(len(corpus), cfg.seq_len, cfg.groups, self.ranks, per_rank_batch, cfg.seed)
-        self.batches = TokenBatches(corpus, plan)
-        t_data = time.time()
 
         self.sink = EventSink(cfg.events_dir, cfg.group, self.rank)
         TorchftLogBridge(self.sink).install()
-        self.model = build_sharded_model(cfg.flavor, mesh, self.device, cfg.seed)
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-        materialize_optimizer_state(self.optimizer)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg.warmup_steps, cfg.steps))
-        self.position = TrainingPosition()
-        self.live = LiveState(cfg.group, self.model, self.optimizer, self.scheduler, self.position)
+        self.training = build_training(cfg, mesh, self.device, cfg.group, self.rank, self.ranks)
+        self.model, self.optimizer = self.training.model, self.training.optimizer
+        self.scheduler, self.position, self.live = self.training.scheduler, self.training.position, self.training.live
         t_model = time.time()
 
+        # The manager's own state (step, batches committed) as a checkpoint restores it; the
+        # manager is created last, just before joining, so a warm spare has none while it waits.
+        self.manager = None
+        self.manager_state = {"step": 0, "batches_committed": 0}
+        self.checkpointer = None
+        self.loaded: Found | None = None
+        if cfg.checkpoint_dir is not None:
+            self.checkpointer = Checkpointer(
+                cfg.checkpoint_dir, cfg.group, cfg.checkpoint_keep,
+                state=lambda: {**self.live.checkpoint_state(),
+                               "torchft": self.manager.state_dict() if self.manager else dict(self.manager_state)},
+                restore=self._restore_checkpoint,
+            )
+            self._resume()
+        t_ckpt = time.time()
+
+        spare_wait_s = self._wait_as_spare(stop) if cfg.spare_promote_file else 0.0
+        t_promoted = time.time()
+
         self.manager, self.transport = build_manager(cfg, self.live.load_state_dict, self.live.state_dict)
+        self.manager.load_state_dict(self.manager_state)
         self.replicate = ReplicateAllReduce(self.manager)
         self.replicate.install(self.model)
         self.ft_optimizer = torchft.Optimizer(self.manager, self.optimizer)
         t_manager = time.time()
 
-        self.checkpointer = None
-        resumed_step = 0
-        if cfg.checkpoint_dir is not None:
-            self.checkpointer = Checkpointer(
-                cfg.checkpoint_dir, cfg.group, cfg.checkpoint_keep,
-                state=lambda: {**self.live.checkpoint_state(), "torchft": self.manager.state_dict()},
-                restore=self._restore_checkpoint,
-            )
-            resumed_step = self._resume()
-        t_ckpt = time.time()
-
+        resumed_step = self.manager.current_step()
         self.sink.emit(
             StartEvent, pid=os.getpid(), replica_id=self._replica_id(),
             ranks_per_group=self.ranks, device=str(self.device), flavor=cfg.flavor,
-            parameters=count_parameters(self.model), imports_s=t_imports - process_start,
-            process_group_s=t_pg - t_imports, data_s=t_data - t_pg, model_s=t_model - t_data,
-            manager_s=t_manager - t_model, checkpoint_s=t_ckpt - t_manager, resumed_step=resumed_step,
+            parameters=self.training.parameters, imports_s=t_imports - process_start,
+            process_group_s=t_pg - t_imports, data_s=self.training.data_s, model_s=self.training.model_s,
+            checkpoint_s=t_ckpt - t_model + (t_promoted - t_ckpt - spare_wait_s), manager_s=t_manager - t_promoted,
+            resumed_step=resumed_step, spare_wait_s=spare_wait_s,
         )
-        self._say(f"up in {t_ckpt - process_start:.1f}s (imports {t_imports - process_start:.1f}s, "
-                  f"model {t_model - t_data:.1f}s), {count_parameters(self.model) / 1e6:.2f}M parameters"
-                  + (f", resumed at step {resumed_step}" if resumed_step else ""))
+        self._say(f"up in {t_manager - process_start - spare_wait_s:.1f}s (imports {t_imports - process_start:.1f}s, "
+                  f"model {self.training.model_s:.1f}s), {self.training.parameters / 1e6:.2f}M parameters"
+                  + (f", resumed at step {resumed_step}" if resumed_step else "")
+                  + (f", promoted after {spare_wait_s:.1f}s as a warm spare" if spare_wait_s else ""))
+
+    def _wait_as_spare(self, stop: "StopRequest") -> float:
+        """A warm spare: everything is built; wait outside the quorum until the agent promotes us.
+
+        Readiness is a file per rank beside the promotion file; promotion is the file itself.
+        A checkpoint published while we waited is loaded before joining.
+        """
+        promote = self.cfg.spare_promote_file
+        promote.parent.mkdir(parents=True, exist_ok=True)
+        promote.with_name(f"{promote.name}.ready-r{self.rank}").touch()
+        self._say("warm spare ready; waiting to be promoted")
+        start = time.time()
+        while not promote.exists():
+            if stop.requested:
+                raise SystemExit(0)
+            time.sleep(0.01)
+        waited = time.time() - start
+        if self.checkpointer is not None:
+            newest = self.checkpointer.newest_name()
+            if newest is not None and (self.loaded is None or newest != self.loaded.path.name):
+                self._resume()
+        return waited
 
     def _replica_id(self) -> str:
         """``group{g}:{uuid}``, as rank 0's manager registered it with the Lighthouse."""
@@ -139,9 +139,9 @@ class RankTrainer:
 
     def _restore_checkpoint(self, state: dict) -> None:
         self.live.restore_checkpoint(state)
-        self.manager.load_state_dict(state["torchft"])  # the step count and batches committed
+        self.manager_state = dict(state["torchft"])  # the step count and batches committed
 
-    def _resume(self) -> int:
+    def _resume(self) -> None:
         def warn(path: Path, reason: str) -> None:
             log.warning("skipping checkpoint %s: %s", path, reason)
             self._say(f"warning: skipping incomplete checkpoint {path.name}: {reason}")
@@ -150,10 +150,10 @@ class RankTrainer:
 
         found = self.checkpointer.choose(warn)
         if found is None:
-            return 0
+            return
         seconds = self.checkpointer.load(found.path)
+        self.loaded = found
         self.sink.emit(CheckpointEvent, action="loaded", step=found.step, seconds=seconds, path=str(found.path))
-        return self.manager.current_step()
 
     def train(self, stop: StopRequest) -> str:
         cfg, manager = self.cfg, self.manager
@@ -165,10 +165,7 @@ class RankTrainer:
             self.replicate.seconds = 0.0
             self.ft_optimizer.zero_grad()
             step = manager.current_step()
-            inputs, targets = self.batches.batch(step, cfg.group, self.rank, self.device)
-            logits = self.model(inputs)
-            loss = F.cross_entropy(logits.reshape(-1, VOCAB_SIZE).float(), targets.reshape(-1))
-            loss.backward()
+            loss = self.training.forward_backward(step)
             healed = manager._healing  # settled: the all-reduce waited for the quorum
             commit_start = time.perf_counter()
             self.ft_optimizer.step()
@@ -232,7 +229,7 @@ def run(cfg: TrainerConfig, process_start: float) -> int:
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     stop = StopRequest()
     stop.install()
-    trainer = RankTrainer(cfg, process_start)
+    trainer = RankTrainer(cfg, process_start, stop)
     try:
         reason = trainer.train(stop)
     except Exception as err:

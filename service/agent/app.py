@@ -11,6 +11,7 @@ from pydantic import BaseModel
 
 from service.agent.config import AgentSettings
 from service.agent.forwarder import EventForwarder
+from service.agent.spare import WarmSpare
 from service.agent.supervisor import GroupSupervisor, StateConflict
 from service.auth import require_token
 
@@ -34,6 +35,7 @@ class AgentStatus(BaseModel):
     events_dropped: int
     events_forwarded: int
     control_plane_reachable: bool
+    spare: Literal["starting", "ready"] | None = None
 
 
 class CommandResult(BaseModel):
@@ -56,14 +58,16 @@ def create_app(settings: AgentSettings) -> FastAPI:
     def on_process_event(action: str, **fields) -> None:
         forwarder.emit_process(action, **fields)
 
+    spare = WarmSpare(settings.group, settings.nproc_per_group, trainer_args, settings.advertise_host,
+                      settings.run_dir, settings.log_path, settings.spare_respawn_delay_s) if settings.spare else None
     supervisor = GroupSupervisor(settings.group, settings.nproc_per_group, trainer_args, settings.log_path,
                                  settings.pid_path, settings.advertise_host, on_process_event,
-                                 settings.stop_timeout_s, settings.auto_rejoin_delay_s)
+                                 settings.stop_timeout_s, settings.auto_rejoin_delay_s, spare)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         settings.events_dir.mkdir(parents=True, exist_ok=True)
-        await run_in_threadpool(supervisor.reap_orphan)
+        await run_in_threadpool(supervisor.reap_orphans)
         forwarder.start()
         if settings.autostart:
             supervisor.start()
@@ -83,7 +87,7 @@ def create_app(settings: AgentSettings) -> FastAPI:
             starts=supervisor.starts, restarts=supervisor.restarts, last_step=forwarder.last_step,
             last_exit=supervisor.last_exit, events_buffered=len(forwarder.buffer),
             events_dropped=forwarder.dropped, events_forwarded=forwarder.forwarded,
-            control_plane_reachable=forwarder.reachable,
+            control_plane_reachable=forwarder.reachable, spare=spare.state() if spare else None,
         )
 
     async def command(action: str, fn) -> CommandResult:

@@ -9,7 +9,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 class AgentSettings(BaseSettings):
     """Settings of one agent: flags, or environment variables ``FT_AGENT_*``."""
 
-    model_config = SettingsConfigDict(env_prefix="FT_AGENT_", cli_kebab_case=True,
+    model_config = SettingsConfigDict(env_prefix="FT_AGENT_", cli_kebab_case=True, cli_implicit_flags=True,
                                       cli_prog_name="python -m service.agent", extra="ignore")
 
     group: int = Field(ge=0, description="the replica group this agent runs")
@@ -26,6 +26,8 @@ class AgentSettings(BaseSettings):
     trainer_args: list[str] = Field(default_factory=list, description="extra trainer flags, as a JSON list")
     autostart: bool = Field(True, description="start the group when the agent starts")
     auto_rejoin_delay_s: float | None = Field(None, ge=0, description="restart a killed or crashed group after this delay; none: stay down until rejoin")
+    spare: bool = Field(False, description="keep a warm spare of the group: pre-started, outside the quorum, promoted by rejoin")
+    spare_respawn_delay_s: float = Field(10.0, ge=0, description="after a promotion, wait this long before starting the next spare")
     stop_timeout_s: float = Field(30.0, gt=0, description="graceful stop: SIGTERM, then SIGKILL after this")
     buffer_capacity: int = Field(20_000, ge=10, description="events kept while the control plane is away")
     forward_interval_s: float = Field(0.2, gt=0)
@@ -36,8 +38,12 @@ class AgentSettings(BaseSettings):
         return self.state_dir / "events"
 
     @property
+    def run_dir(self) -> Path:
+        return self.state_dir / "run"
+
+    @property
     def pid_path(self) -> Path:
-        return self.state_dir / "run" / f"group{self.group}.pid"
+        return self.run_dir / f"group{self.group}.pid"
 
     @property
     def log_path(self) -> Path:

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Literal
+from typing import TYPE_CHECKING, Callable, Literal
 
 from service.proctree import process_tree, signal_tree, wait_gone
 from trainer.launch import torchrun_argv, torchrun_env
+
+if TYPE_CHECKING:
+    from service.agent.spare import WarmSpare
 
 log = logging.getLogger("agent.supervisor")
 ExitKind = Literal["killed", "crashed", "stopped", "finished"]
@@ -22,10 +24,46 @@ class StateConflict(Exception):
     """The command does not fit the group's state (kill while down, start while running)."""
 
 
+def spawn_torchrun(nproc: int, trainer_args: list[str], master_addr: str | None, log_path: Path,
+                   banner: str) -> subprocess.Popen:
+    """torchrun for one group in a session of its own, its output appended to ``log_path``."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as out:
+        out.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {banner}\n".encode())
+        out.flush()
+        return subprocess.Popen(torchrun_argv(nproc, trainer_args, master_addr), env=torchrun_env(),
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def reap_pidfile(pid_path: Path) -> list[int]:
+    """SIGKILL the torchrun tree a pid file names, if it still runs (its agent died)."""
+    try:
+        pid = int(pid_path.read_text())
+    except (OSError, ValueError):
+        return []
+    tree = process_tree(pid)
+    if not tree or "torch.distributed.run" not in " ".join(tree[0].cmdline()):
+        return []
+    log.warning("killing torchrun %d left behind by a previous agent (%s)", pid, pid_path.name)
+    pids = signal_tree(pid, signal.SIGKILL)
+    wait_gone(pids, 10)
+    return pids
+
+
+def terminate_tree(proc: subprocess.Popen, timeout_s: float) -> None:
+    """SIGTERM to torchrun (it forwards it to the ranks), then SIGKILL whatever is left."""
+    pids = [p.pid for p in process_tree(proc.pid)]
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    for pid in wait_gone(pids, timeout_s):
+        signal_tree(pid, signal.SIGKILL)
+    proc.wait()
+
+
 class GroupSupervisor:
     def __init__(self, group: int, nproc: int, trainer_args: list[str], log_path: Path, pid_path: Path,
                  master_addr: str | None, on_event: Callable[..., None], stop_timeout_s: float,
-                 auto_rejoin_delay_s: float | None):
+                 auto_rejoin_delay_s: float | None, spare: "WarmSpare | None" = None):
         self.group = group
         self.nproc = nproc
         self.trainer_args = trainer_args
@@ -35,6 +73,7 @@ class GroupSupervisor:
         self.on_event = on_event
         self.stop_timeout_s = stop_timeout_s
         self.auto_rejoin_delay_s = auto_rejoin_delay_s
+        self.spare = spare
         self.proc: subprocess.Popen | None = None
         self.starts = 0
         self.last_exit: dict | None = None
@@ -53,41 +92,31 @@ class GroupSupervisor:
     def pids(self) -> list[int]:
         return [p.pid for p in process_tree(self.proc.pid)] if self.running else []
 
-    def reap_orphan(self) -> list[int]:
-        """Kill a torchrun a previous agent of this group left running (that agent died).
-
-        Two copies of one group must never train; the restarted group heals from a peer.
-        """
-        try:
-            pid = int(self.pid_path.read_text())
-        except (OSError, ValueError):
-            return []
-        tree = process_tree(pid)
-        if not tree or "torch.distributed.run" not in " ".join(tree[0].cmdline()):
-            return []
-        log.warning("group %d: killing torchrun %d left by a previous agent", self.group, pid)
-        pids = signal_tree(pid, signal.SIGKILL)
-        wait_gone(pids, 10)
-        return pids
+    def reap_orphans(self) -> list[int]:
+        """Kill what a previous agent of this group left running: two copies must never train."""
+        return reap_pidfile(self.pid_path) + (self.spare.reap() if self.spare else [])
 
     def start(self) -> int:
+        """Start the group: promote the warm spare when there is one, else start cold."""
         with self._lock:
             if self.running:
                 raise StateConflict(f"group {self.group} is already running (pid {self.proc.pid})")
-            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            promoted = self.spare.promote() if self.spare else None
+            if promoted is not None:
+                self.proc, detail = promoted
+            else:
+                self.proc = spawn_torchrun(self.nproc, self.trainer_args, self.master_addr, self.log_path,
+                                           f"starting group {self.group}")
+                detail = "cold start"
             self.pid_path.parent.mkdir(parents=True, exist_ok=True)
-            argv = torchrun_argv(self.nproc, self.trainer_args, self.master_addr)
-            with open(self.log_path, "ab") as out:
-                out.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} starting group {self.group}\n".encode())
-                out.flush()
-                self.proc = subprocess.Popen(argv, env=torchrun_env(), stdout=out, stderr=subprocess.STDOUT,
-                                             start_new_session=True)
             self.pid_path.write_text(str(self.proc.pid))
             self.starts += 1
             self._intent = None
             proc = self.proc
-        self.on_event("started", pid=proc.pid)
+        self.on_event("started", pid=proc.pid, detail=detail)
         threading.Thread(target=self._watch, args=(proc,), name=f"watch-{proc.pid}", daemon=True).start()
+        if self.spare:
+            self.spare.replace_later(self._shutdown)
         return proc.pid
 
     def _watch(self, proc: subprocess.Popen) -> None:
@@ -116,20 +145,18 @@ class GroupSupervisor:
         return pids
 
     def stop(self) -> None:
-        """SIGTERM to torchrun (it forwards to the ranks, which finish their step), then SIGKILL."""
+        """Stop the group gracefully: the ranks finish their step and exit."""
         with self._lock:
             if not self.running:
                 raise StateConflict(f"group {self.group} is not running")
             self._intent = "stopped"
             proc = self.proc
-            pids = [p.pid for p in process_tree(proc.pid)]
-        os.kill(proc.pid, signal.SIGTERM)
-        for pid in wait_gone(pids, self.stop_timeout_s):
-            signal_tree(pid, signal.SIGKILL)
-        proc.wait()
+        terminate_tree(proc, self.stop_timeout_s)
 
     def shutdown(self) -> None:
         self._shutdown.set()
+        if self.spare:
+            self.spare.stop()
         try:
             self.stop()
         except StateConflict:

@@ -14,6 +14,7 @@ import time
 from fastapi import HTTPException
 
 from service.controlplane.agents import AgentClient
+from service.controlplane.chaos import ChaosReport, ChaosRun
 from service.controlplane.db import Store
 from service.controlplane.hub import Hub
 from service.controlplane.models import KillHealReport
@@ -39,9 +40,37 @@ class DrillRunner:
     def running(self) -> bool:
         return self.task is not None and not self.task.done()
 
-    def start_kill_heal(self, group: int, timeout_s: float | None) -> int:
+    def _check_idle(self) -> None:
         if self.running:
             raise DrillConflict(f"drill {self.current_id} is still running; wait for it or watch GET /api/v1/drills/{self.current_id}")
+
+    def start_chaos(self, report: ChaosReport) -> int:
+        self._check_idle()
+        training = [g for g, v in self.hub.views.items() if v.state == "training"]
+        if len(training) < 2:
+            raise DrillConflict(f"chaos needs at least 2 groups training, {len(training)} are")
+        drill_id = self.store.create_drill("chaos", None, report.model_dump())
+        self.current_id = drill_id
+
+        def save(status: str = "running", error: str | None = None) -> None:
+            self.store.update_drill(drill_id, status, report.model_dump(), error)
+
+        async def main() -> None:
+            try:
+                await ChaosRun(self.hub, self.agents.command, report, save).run()
+                report.phase = "done"
+                save("done")
+            except HTTPException as err:
+                save("failed", f"{report.phase}: {err.detail}")
+            except Exception as err:  # a bug must still end the drill as failed
+                log.exception("chaos drill %d crashed", drill_id)
+                save("failed", f"{report.phase}: {type(err).__name__}: {err}")
+
+        self.task = asyncio.create_task(main())
+        return drill_id
+
+    def start_kill_heal(self, group: int, timeout_s: float | None) -> int:
+        self._check_idle()
         views = self.hub.views
         if views[group].state == "down":
             raise DrillConflict(f"group {group} is down; rejoin it before drilling it")

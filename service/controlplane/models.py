@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from lighthouse.status import LighthouseStatus
+from service.controlplane.chaos import ChaosReport
 
 
 class TransitionOut(BaseModel):
@@ -99,12 +100,30 @@ class CommandOut(BaseModel):
     agent: dict[str, Any]
 
 
-class DrillIn(BaseModel):
+class KillHealIn(BaseModel):
+    """Kill one group, wait for the survivors, rejoin it, wait for its heal, compare fingerprints."""
+
     model_config = ConfigDict(extra="forbid")
 
     kind: Literal["kill-heal"]
     group: int = Field(ge=0)
     timeout_s: float | None = Field(None, gt=0, le=3600, description="per phase; default from settings")
+
+
+class ChaosIn(BaseModel):
+    """Kill random groups at exponentially distributed intervals; measure goodput."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["chaos"]
+    mtbf_s: float = Field(gt=0, description="mean seconds between kills")
+    duration_s: float = Field(gt=0, le=86_400, description="length of the chaos window")
+    seed: int = 0
+    rejoin_delay_s: float = Field(5.0, ge=0, description="a killed group is rejoined after this")
+    baseline_s: float = Field(20.0, gt=0, description="failure-free measurement before the chaos")
+
+
+DrillIn = Annotated[Union[KillHealIn, ChaosIn], Field(discriminator="kind")]
 
 
 class KillHealReport(BaseModel):
@@ -141,7 +160,8 @@ class DrillOut(BaseModel):
     updated: float
     error: str | None = None
     fingerprints_equal: bool | None = None
-    report: KillHealReport
+    goodput: float | None = None
+    report: KillHealReport | ChaosReport
 
 
 class DrillList(BaseModel):

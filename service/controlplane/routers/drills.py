@@ -4,22 +4,27 @@ from fastapi import APIRouter, Depends, HTTPException, Request, Response
 
 from service.controlplane.deps import Services, group_view, services
 from service.controlplane.drills import DrillConflict
-from service.controlplane.models import DrillIn, DrillList, DrillOut
+from service.controlplane.chaos import ChaosReport
+from service.controlplane.models import DrillIn, DrillList, DrillOut, KillHealIn
 
 router = APIRouter(prefix="/api/v1/drills", tags=["drills"])
 mutating = APIRouter(prefix="/api/v1/drills", tags=["drills"])
 
 
 def drill_out(row: dict) -> DrillOut:
-    return DrillOut(**row, fingerprints_equal=row["report"].get("fingerprints_equal"))
+    return DrillOut(**row, fingerprints_equal=row["report"].get("fingerprints_equal"),
+                    goodput=row["report"].get("goodput"))
 
 
 @mutating.post("", response_model=DrillOut, status_code=202, responses={404: {}, 409: {}, 422: {}})
 async def start_drill(body: DrillIn, request: Request, response: Response, s: Services = Depends(services)) -> DrillOut:
     """Start a drill; it runs in the background. Poll ``GET /api/v1/drills/{id}``."""
-    group_view(body.group, request)
     try:
-        drill_id = s.drills.start_kill_heal(body.group, body.timeout_s)
+        if isinstance(body, KillHealIn):
+            group_view(body.group, request)
+            drill_id = s.drills.start_kill_heal(body.group, body.timeout_s)
+        else:
+            drill_id = s.drills.start_chaos(ChaosReport(**body.model_dump(exclude={"kind"})))
     except DrillConflict as err:
         raise HTTPException(409, str(err)) from None
     response.headers["Location"] = f"/api/v1/drills/{drill_id}"

@@ -1,0 +1,69 @@
+"""Shared by the benchmarks: start `ftctl up` on free ports, read its API, stop it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from service.proctree import process_tree, wait_gone
+from trainer.launch import free_port
+
+REPO = Path(__file__).resolve().parents[1]
+TOKEN = "bench-token"
+
+
+def spread(values: list[float]) -> str:
+    if not values:
+        return "-"
+    med = statistics.median(values)
+    return f"{med:.2f} (min {min(values):.2f}, max {max(values):.2f}, n={len(values)})"
+
+
+class Up:
+    """`ftctl up` as a subprocess, with an httpx client on its API."""
+
+    def __init__(self, state_dir: Path, groups: int, nproc: int, trainer_args: list[str],
+                 heartbeat_timeout_ms: int = 1000, spares: int = 0):
+        self.port = free_port()
+        self.state_dir = state_dir
+        self.log = open(state_dir.parent / f"{state_dir.name}-ftctl.log", "wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "service.cli", "up", "--groups", str(groups), "--nproc-per-group", str(nproc),
+             "--steps", "1000000", "--port", str(self.port), "--lighthouse-port", str(free_port()),
+             "--state-dir", str(state_dir), "--heartbeat-timeout-ms", str(heartbeat_timeout_ms),
+             "--spares", str(spares),
+             *[f"--trainer-arg={a}" for a in trainer_args]],
+            cwd=REPO, env={**os.environ, "FTCTL_TOKEN": TOKEN}, stdout=self.log, stderr=subprocess.STDOUT,
+            start_new_session=True)
+        self.api = httpx.Client(base_url=f"http://127.0.0.1:{self.port}", timeout=60,
+                                headers={"Authorization": f"Bearer {TOKEN}"})
+
+    def wait_training(self, timeout_s: float = 300) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                if {g["state"] for g in self.api.get("/api/v1/groups").json()} == {"training"}:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        raise TimeoutError("groups did not all reach training")
+
+    def stop(self) -> None:
+        pids = [p.pid for p in process_tree(self.proc.pid)]
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            self.proc.wait(120)
+        finally:
+            for p in process_tree(self.proc.pid)[::-1]:
+                p.kill()
+            wait_gone(pids, 10)
+            self.api.close()
+            self.log.close()

@@ -1,0 +1,122 @@
+"""This service's recovery against the classic path, side by side, on the same job.
+
+    python -m bench.recovery --repeats 3 [--spares]
+
+torchft path (`ftctl up`, G groups × K ranks): the kill-heal drill R times: kill → survivors'
+next commit, survivor steps lost, rejoin → healed commit, heal bytes, and kill → all groups
+training again (the rejoin is issued as soon as the survivors commit).
+
+Classic path (bench/classic_trainer.py: one torchrun job of G·K ranks, HSDP through FSDP2's
+2-D mesh, DCP checkpoint every C steps, --max-restarts): SIGKILL one rank R times; kill → the
+first step after the restart, and the steps redone from the last checkpoint.
+Prints a table with medians and the ratios, and writes JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from bench.classic import ClassicJob
+from bench.common import Up, spread
+
+
+def torchft_runs(args, trainer_args: list[str]) -> list[dict]:
+    state = Path(tempfile.mkdtemp(prefix="ftbench-")) / "state"
+    up = Up(state, args.groups, args.nproc, [*trainer_args, "--fingerprint-every=5"],
+            spares=args.groups if args.spares else 0)
+    runs = []
+    try:
+        up.wait_training()
+        for i in range(args.repeats):
+            time.sleep(args.settle_s)
+            drill = up.api.post("/api/v1/drills", json={"kind": "kill-heal", "group": args.groups - 1}).json()
+            while drill["status"] == "running":
+                time.sleep(0.3)
+                drill = up.api.get(f"/api/v1/drills/{drill['id']}").json()
+            r = drill["report"]
+            if drill["status"] == "done":
+                runs.append({"survivors_resume_s": r["survivors_resume_s"], "steps_lost": r["survivors_steps_lost"],
+                             "rejoin_to_healed_commit_s": r["rejoin_to_healed_commit_s"],
+                             "kill_to_full_s": r["healed_commit_at"] - r["killed_at"], "heal_bytes": r["heal_bytes"],
+                             "detect_s": r["detect_s"], "fingerprints_equal": r["fingerprints_equal"]})
+            print(f"torchft run {i + 1}: {drill['status']} {runs[-1] if runs else drill.get('error')}", flush=True)
+    finally:
+        up.stop()
+    return runs
+
+
+def classic_runs(args, trainer_args: list[str]) -> list[dict]:
+    job = ClassicJob(Path(tempfile.mkdtemp(prefix="ftbench-classic-")), args.groups, args.nproc, trainer_args,
+                     max_restarts=args.repeats + 1, checkpoint_every=args.checkpoint_every)
+    runs = []
+    try:
+        for i in range(args.repeats):
+            job.wait_step(job.last_step() + args.checkpoint_every + args.checkpoint_every // 2)
+            before = job.last_step()
+            killed_at = job.kill_one_rank()
+            deadline = time.monotonic() + 600
+            while True:
+                after = [e for e in job.events() if e["ts"] > killed_at and e["group"] == 0 and e["rank"] == 0]
+                starts = [e for e in after if e["type"] == "start"]
+                steps = [e for e in after if e["type"] == "step" and starts and e["ts"] > starts[0]["ts"]]
+                if steps:
+                    break
+                if time.monotonic() > deadline:
+                    raise TimeoutError("the classic job did not come back")
+                time.sleep(0.2)
+            resumed = starts[0]["resumed_step"]
+            runs.append({"kill_to_full_s": steps[0]["ts"] - killed_at, "steps_redone": before - resumed,
+                         "restart_split": {k: starts[0][k] for k in ("imports_s", "process_group_s", "data_s",
+                                                                       "model_s", "checkpoint_s")}})
+            print(f"classic run {i + 1}: {runs[-1]}", flush=True)
+        saves = [e["seconds"] for e in job.events() if e["type"] == "checkpoint" and e["action"] == "saved"
+                 and e["group"] == 0 and e["rank"] == 0]
+        for r in runs:
+            r["checkpoint_save_s"] = statistics.median(saves) if saves else None
+    finally:
+        job.stop()
+    return runs
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--groups", type=int, default=2)
+    parser.add_argument("--nproc", type=int, default=2)
+    parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--batch-size", type=int, default=4)
+    parser.add_argument("--checkpoint-every", type=int, default=10, help="classic path: DCP checkpoint interval C")
+    parser.add_argument("--spares", action="store_true", help="torchft path with a warm spare per group")
+    parser.add_argument("--settle-s", type=float, default=8.0)
+    parser.add_argument("--out", type=Path, default=Path("bench-recovery.json"))
+    args = parser.parse_args()
+    trainer_args = [f"--seq-len={args.seq_len}", f"--batch-size={args.batch_size}"]
+    ft = torchft_runs(args, [*trainer_args, "--checkpoint-every=1000000"])
+    classic = classic_runs(args, trainer_args)
+    args.out.write_text(json.dumps({"settings": {k: str(v) for k, v in vars(args).items()},
+                                    "torchft": ft, "classic": classic}, indent=2))
+
+    def col(rows, key):
+        return [r[key] for r in rows if r.get(key) is not None]
+
+    print(f"\nrecovery, {args.groups} groups × {args.nproc} ranks, debugmodel, seq {args.seq_len}, "
+          f"batch {args.batch_size}/group, heartbeat timeout 1 s, spares {'on' if args.spares else 'off'}; medians")
+    print(f"{'':38} {'this service':>34} {'classic (torchrun restart)':>34}")
+    print(f"{'kill → survivors commit again (s)':38} {spread(col(ft, 'survivors_resume_s')):>34} {'(all ranks restart)':>34}")
+    print(f"{'rejoin → healed commit (s)':38} {spread(col(ft, 'rejoin_to_healed_commit_s')):>34} {'-':>34}")
+    print(f"{'kill → all groups training (s)':38} {spread(col(ft, 'kill_to_full_s')):>34} {spread(col(classic, 'kill_to_full_s')):>34}")
+    print(f"{'steps lost / redone':38} {spread(col(ft, 'steps_lost')):>34} {spread(col(classic, 'steps_redone')):>34}")
+    if col(ft, "kill_to_full_s") and col(classic, "kill_to_full_s"):
+        ratio = statistics.median(col(classic, "kill_to_full_s")) / statistics.median(col(ft, "kill_to_full_s"))
+        resume = statistics.median(col(classic, "kill_to_full_s")) / statistics.median(col(ft, "survivors_resume_s"))
+        print(f"classic / this service: to full group count {ratio:.1f}×; to training again (survivors) {resume:.1f}×")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,53 @@
+"""Median step time of 1 group × K ranks and G groups × K ranks with the default model.
+
+    python -m bench.step_time --steps 40
+
+Runs `ftctl up` twice (1 group, then G groups), reads the rank-0 step events through the
+API and reports medians of step, compute and all-reduce time, skipping warm-up steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from bench.common import Up
+
+
+def measure(groups: int, nproc: int, steps: int, warmup: int, extra: list[str]) -> dict:
+    state = Path(tempfile.mkdtemp(prefix="ftbench-")) / "state"
+    up = Up(state, groups, nproc, ["--checkpoint-every=1000000", *extra])
+    try:
+        up.wait_training()
+        target = warmup + steps
+        while min(g["step"] or 0 for g in up.api.get("/api/v1/groups").json()) < target:
+            time.sleep(1)
+        events = [e for e in up.api.get("/api/v1/events", params={"type": "step", "group": 0, "limit": 1000}).json()["events"]
+                  if e["rank"] == 0 and e["committed"] and e["participants"] == groups and e["step"] > warmup]
+    finally:
+        up.stop()
+    pick = lambda key: statistics.median(e[key] for e in events[:steps])  # noqa: E731
+    return {"groups": groups, "nproc": nproc, "steps": len(events[:steps]), "step_s": pick("step_s"),
+            "compute_s": pick("compute_s"), "allreduce_s": pick("allreduce_s"), "commit_s": pick("commit_s")}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--groups", type=int, default=2)
+    parser.add_argument("--nproc", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--trainer-arg", action="append", default=[])
+    args = parser.parse_args()
+    for groups in (1, args.groups):
+        r = measure(groups, args.nproc, args.steps, args.warmup, args.trainer_arg)
+        print(f"{r['groups']} group(s) × {r['nproc']} ranks, {r['steps']} steps: step {r['step_s']:.3f} s "
+              f"(compute {r['compute_s']:.3f}, all-reduce wait {r['allreduce_s']:.3f}, commit+optimizer {r['commit_s']:.3f})",
+              flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,94 @@
+"""A warm spare: a copy of the group pre-started outside the quorum, promoted on rejoin.
+
+Rejoining cold costs a torchrun start, ``import torch``, the corpus and the model build before
+the heal can begin (seconds to minutes on big models). The spare pays all that in advance
+and waits; promotion is one file, after which the spare creates its torchft Manager, joins
+the quorum and heals from a peer. A new spare is started after each promotion.
+"""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import threading
+from pathlib import Path
+
+from service.agent.supervisor import reap_pidfile, spawn_torchrun, terminate_tree
+
+log = logging.getLogger("agent.spare")
+
+
+class WarmSpare:
+    def __init__(self, group: int, nproc: int, trainer_args: list[str], master_addr: str | None,
+                 run_dir: Path, log_path: Path, respawn_delay_s: float):
+        self.group = group
+        self.nproc = nproc
+        self.trainer_args = trainer_args
+        self.master_addr = master_addr
+        self.run_dir = run_dir
+        self.log_path = log_path
+        self.respawn_delay_s = respawn_delay_s
+        self.proc: subprocess.Popen | None = None
+        self.generation = 0
+        self._lock = threading.Lock()
+
+    @property
+    def pid_path(self) -> Path:
+        return self.run_dir / f"group{self.group}.spare.pid"
+
+    def _promote_path(self) -> Path:
+        return self.run_dir / f"group{self.group}.promote.{self.generation}"
+
+    def _ready_paths(self) -> list[Path]:
+        path = self._promote_path()
+        return [path.with_name(f"{path.name}.ready-r{r}") for r in range(self.nproc)]
+
+    def launch(self) -> None:
+        with self._lock:
+            if self.proc is not None and self.proc.poll() is None:
+                return
+            self.generation += 1
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            for stale in self.run_dir.glob(f"group{self.group}.promote.*"):
+                stale.unlink(missing_ok=True)
+            args = [*self.trainer_args, "--spare-promote-file", str(self._promote_path())]
+            self.proc = spawn_torchrun(self.nproc, args, self.master_addr, self.log_path,
+                                       f"starting a warm spare of group {self.group}")
+            self.pid_path.write_text(str(self.proc.pid))
+        log.info("group %d: warm spare %d starting (pid %d)", self.group, self.generation, self.proc.pid)
+
+    def state(self) -> str | None:
+        """None (no spare), "starting" or "ready"."""
+        with self._lock:
+            if self.proc is None or self.proc.poll() is not None:
+                return None
+            return "ready" if all(p.exists() for p in self._ready_paths()) else "starting"
+
+    def promote(self) -> tuple[subprocess.Popen, str] | None:
+        """Hand the spare over as the group's process, or None when there is none alive."""
+        state = self.state()
+        with self._lock:
+            if state is None:
+                return None
+            self._promote_path().touch()
+            proc, self.proc = self.proc, None
+            self.pid_path.unlink(missing_ok=True)
+        return proc, f"promoted warm spare ({state})"
+
+    def replace_later(self, shutdown: threading.Event) -> None:
+        """Start the next spare after a delay, leaving the CPU to the heal in the meantime."""
+
+        def later() -> None:
+            if not shutdown.wait(self.respawn_delay_s):
+                self.launch()
+
+        threading.Thread(target=later, name=f"spare-{self.group}", daemon=True).start()
+
+    def reap(self) -> list[int]:
+        return reap_pidfile(self.pid_path)
+
+    def stop(self) -> None:
+        with self._lock:
+            proc, self.proc = self.proc, None
+        if proc is not None:
+            terminate_tree(proc, 10)

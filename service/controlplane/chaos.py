@@ -1,0 +1,166 @@
+"""The chaos drill: random kills at exponential intervals, rejoins after a delay, goodput.
+
+Goodput here is measured, not modelled: committed replica-batches per second during the
+chaos window against the failure-free rate measured just before it in the same run. The time
+lost is split per kill into detection (kill → a survivor's quorum changed), restart (rejoin
+→ the group's ranks are up), heal (ranks up → first committed step after the heal),
+rollback (survivor steps that did not commit, at the median step time) and the configured
+wait before the rejoin.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import statistics
+import time
+from typing import Awaitable, Callable
+
+from pydantic import BaseModel, Field
+
+from service.controlplane.hub import Hub
+
+
+class ChaosKill(BaseModel):
+    group: int
+    killed_at: float
+    rejoined_at: float | None = None
+    detected_at: float | None = None
+    started_at: float | None = None
+    healed_commit_at: float | None = None
+    survivor_steps_lost: int = 0
+    detect_s: float | None = None
+    restart_s: float | None = None
+    heal_s: float | None = None
+
+
+class ChaosReport(BaseModel):
+    mtbf_s: float
+    duration_s: float
+    seed: int
+    rejoin_delay_s: float
+    baseline_s: float
+    phase: str = "starting"
+    baseline_rate: float | None = Field(None, description="replica-batches committed per second, failure-free")
+    chaos_rate: float | None = Field(None, description="replica-batches committed per second under chaos")
+    goodput: float | None = Field(None, description="chaos_rate / baseline_rate")
+    median_step_s: float | None = None
+    kills: list[ChaosKill] = []
+    lost_s: dict[str, float] = Field(default_factory=dict, description="time lost per term, summed over kills")
+
+
+class ChaosRun:
+    """Runs one chaos drill against the live job; the runner persists ``report`` as it goes."""
+
+    def __init__(self, hub: Hub, command: Callable[[int, str], Awaitable[dict]], report: ChaosReport,
+                 save: Callable[[], None]):
+        self.hub = hub
+        self.command = command
+        self.r = report
+        self.save = save
+        self.batches = 0  # highest batches_committed any rank 0 reported
+        self.step_times: list[float] = []
+        self.open: dict[int, ChaosKill] = {}
+
+    def _observe(self, e: dict) -> None:
+        if e.get("rank") != 0:
+            return
+        if e["type"] == "step" and e["committed"]:
+            self.batches = max(self.batches, e["batches_committed"])
+            self.step_times.append(e["step_s"])
+        for kill in self.open.values():
+            if e["group"] != kill.group:
+                if e["type"] == "torchft" and e["logger"] == "torchft_quorums" and kill.detected_at is None \
+                        and e["ts"] >= kill.killed_at:
+                    kill.detected_at = e["ts"]
+                elif e["type"] == "commit_failed" and e["ts"] >= kill.killed_at and kill.rejoined_at is None:
+                    kill.survivor_steps_lost += 1
+            elif kill.rejoined_at is not None and e["ts"] >= kill.rejoined_at:
+                if e["type"] == "start" and kill.started_at is None:
+                    kill.started_at = e["ts"]
+                elif e["type"] == "step" and e["committed"] and kill.started_at is not None:
+                    kill.healed_commit_at = e["ts"]
+        for g in [g for g, k in self.open.items() if k.healed_commit_at is not None]:
+            done = self.open.pop(g)
+            done.detect_s = (done.detected_at or done.killed_at) - done.killed_at
+            done.restart_s = done.started_at - done.rejoined_at
+            done.heal_s = done.healed_commit_at - done.started_at
+
+    async def _consume(self, queue: asyncio.Queue) -> None:
+        while True:
+            self._observe(await queue.get())
+
+    async def run(self) -> None:
+        queue = self.hub.subscribe()
+        consumer = asyncio.create_task(self._consume(queue))
+        try:
+            await self._baseline()
+            await self._chaos()
+            await self._settle()
+        finally:
+            consumer.cancel()
+            self.hub.unsubscribe(queue)
+
+    async def _rate_over(self, seconds: float) -> float:
+        start_batches, start = self.batches, time.time()
+        await asyncio.sleep(seconds)
+        return (self.batches - start_batches) / (time.time() - start)
+
+    async def _baseline(self) -> None:
+        self.r.phase = "baseline"
+        self.save()
+        await asyncio.sleep(2.0)  # let the consumer catch up with the current batch count
+        self.r.baseline_rate = await self._rate_over(self.r.baseline_s)
+        self.save()
+
+    async def _chaos(self) -> None:
+        self.r.phase = "chaos"
+        rng = random.Random(self.r.seed)
+        start_batches, start = self.batches, time.time()
+        end = start + self.r.duration_s
+        next_kill = start + rng.expovariate(1.0 / self.r.mtbf_s)
+        rejoins: list[tuple[float, int]] = []
+        while (now := time.time()) < end:
+            for when, group in [x for x in rejoins if x[0] <= now]:
+                rejoins.remove((when, group))
+                await self.command(group, "rejoin")
+                self.hub.force(group, "starting", None)
+                self.open[group].rejoined_at = time.time()
+            if now >= next_kill:
+                alive = [g for g, v in self.hub.views.items() if v.state == "training" and g not in self.open]
+                if len(alive) >= 2:  # never kill the last training group: that is a restart, not chaos
+                    victim = rng.choice(alive)
+                    killed_at = time.time()
+                    await self.command(victim, "kill")
+                    self.hub.force(victim, "down", "killed")
+                    kill = ChaosKill(group=victim, killed_at=killed_at)
+                    self.r.kills.append(kill)
+                    self.open[victim] = kill
+                    rejoins.append((killed_at + self.r.rejoin_delay_s, victim))
+                    self.save()
+                next_kill = now + rng.expovariate(1.0 / self.r.mtbf_s)
+            await asyncio.sleep(0.1)
+        self.r.chaos_rate = (self.batches - start_batches) / (time.time() - start)
+        self.r.goodput = self.r.chaos_rate / self.r.baseline_rate if self.r.baseline_rate else None
+        for when, group in rejoins:  # groups still down at the end come back, unmeasured
+            await self.command(group, "rejoin")
+            self.hub.force(group, "starting", None)
+            self.open[group].rejoined_at = time.time()
+
+    async def _settle(self, timeout_s: float = 120.0) -> None:
+        """Wait for the last heals, then add up the time lost per term."""
+        self.r.phase = "settling"
+        self.save()
+        deadline = time.time() + timeout_s
+        while self.open and time.time() < deadline:
+            await asyncio.sleep(0.5)
+        step_s = statistics.median(self.step_times) if self.step_times else 0.0
+        self.r.median_step_s = step_s
+        measured = [k for k in self.r.kills if k.heal_s is not None]
+        self.r.lost_s = {
+            "detect": sum(k.detect_s for k in measured),
+            "restart": sum(k.restart_s for k in measured),
+            "heal": sum(k.heal_s for k in measured),
+            "rollback": sum(k.survivor_steps_lost for k in self.r.kills) * step_s,
+            "waiting_to_rejoin": self.r.rejoin_delay_s * len(self.r.kills),
+        }
