@@ -28,6 +28,7 @@ def ftctl_up(tmp_path):
     proc = subprocess.Popen(
         [sys.executable, "-m", "service.cli", "up", "--groups", "2", "--nproc-per-group", "2", "--steps", "100000",
          "--port", str(port), "--lighthouse-port", str(free_port()), "--state-dir", str(state), "--refresh", "0.5",
+         "--spares", "1",
          "--trainer-arg=--seq-len=64", "--trainer-arg=--batch-size=2", "--trainer-arg=--fingerprint-every=5"],
         cwd=REPO, env={**os.environ, "FTCTL_TOKEN": TOKEN, "COLUMNS": "150"}, stdout=log, stderr=subprocess.STDOUT,
         start_new_session=True,
@@ -53,30 +54,40 @@ def ftctl(state, *args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=400, env={**os.environ, "COLUMNS": "150"})
 
 
+def agent_status(api: httpx.Client, group: int) -> dict:
+    return api.get(f"/api/v1/groups/{group}/agent").json()
+
+
 def test_up_kill_rejoin_drill_control_plane_restart_and_ctrl_c(ftctl_up):
     proc, api, state, log = ftctl_up
     wait_for(lambda: {g["state"] for g in groups(api).values()} == {"training"}, 240, "both groups training")
     quorum = api.get("/api/v1/quorum").json()
     assert quorum["lighthouse_reachable"] and sorted(m["group"] for m in quorum["members"]) == [0, 1]
     assert all(m["state"] == "training" for m in quorum["members"])
+    wait_for(lambda: agent_status(api, 0)["spare"] == "ready", 240, "group 0's warm spare to be ready")
 
-    killed = api.post("/api/v1/groups/1/kill", headers=AUTH)
+    # group 0 has a warm spare: kill it, then rejoin promotes the spare
+    killed = api.post("/api/v1/groups/0/kill", headers=AUTH)
     assert killed.status_code == 200, killed.text
     assert killed.json()["group_state"]["state"] == "down"
     killed_at = time.time()
     survivor_commit = lambda: [e for e in api.get("/api/v1/events", params={  # noqa: E731
-        "group": 0, "type": "step", "since": killed_at, "limit": 1000}).json()["events"]
+        "group": 1, "type": "step", "since": killed_at, "limit": 1000}).json()["events"]
         if e["rank"] == 0 and e["committed"] and e["participants"] == 1]
-    wait_for(survivor_commit, 60, "group 0 to commit alone")
-    assert api.post("/api/v1/groups/1/kill", headers=AUTH).status_code == 409
+    wait_for(survivor_commit, 60, "group 1 to commit alone")
+    assert api.post("/api/v1/groups/0/kill", headers=AUTH).status_code == 409
 
-    rejoined = api.post("/api/v1/groups/1/rejoin", headers=AUTH)
+    rejoined = api.post("/api/v1/groups/0/rejoin", headers=AUTH)
     assert rejoined.status_code == 200 and rejoined.json()["group_state"]["state"] == "starting"
     rejoined_at = time.time()
-    wait_for(lambda: groups(api)[1]["state"] == "training" and (groups(api)[1]["last_heal"] or {}).get("ts", 0) > rejoined_at,
-             240, "group 1 to heal and train again")
-    states = [t["state"] for t in api.get("/api/v1/groups/1").json()["transitions"]]
+    wait_for(lambda: groups(api)[0]["state"] == "training" and (groups(api)[0]["last_heal"] or {}).get("ts", 0) > rejoined_at,
+             240, "group 0 to heal and train again")
+    states = [t["state"] for t in api.get("/api/v1/groups/0").json()["transitions"]]
     assert states[-5:] == ["down", "starting", "joining", "healing", "training"]
+    started = api.get("/api/v1/events", params={"group": 0, "type": "process", "since": rejoined_at - 1}).json()["events"]
+    assert started[0]["action"] == "started" and started[0]["detail"] == "promoted warm spare (ready)"
+    start_event = api.get("/api/v1/events", params={"group": 0, "type": "start", "since": rejoined_at - 1}).json()["events"][0]
+    assert start_event["spare_wait_s"] > 0
 
     drill = ftctl(state, "drill", "kill-heal", "--group", "1", "--json")
     assert drill.returncode == 0, drill.stdout + drill.stderr

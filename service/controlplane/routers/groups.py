@@ -22,6 +22,12 @@ def get_group(view: GroupView = Depends(group_view)) -> GroupOut:
     return group_out(view, with_transitions=True)
 
 
+@router.get("/{group}/agent", responses={404: {}, 502: {}})
+async def get_agent(view: GroupView = Depends(group_view), s: Services = Depends(services)) -> dict:
+    """The group's agent as it sees itself: pids, starts, warm spare, events buffered and dropped."""
+    return await s.agents.status(view.group)
+
+
 @mutating.post("/{group}/kill", response_model=CommandOut, responses={404: {}, 409: {}, 502: {}})
 async def kill_group(view: GroupView = Depends(group_view), s: Services = Depends(services)) -> CommandOut:
     """SIGKILL the group's whole process tree, as if its node died. The others train on."""
