@@ -33,7 +33,8 @@ class ClassicJob:
         self.log = open(workdir / "classic.log", "wb")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc-per-node={groups * nproc}",
-             "--master-addr=127.0.0.1", f"--master-port={free_port()}", f"--max-restarts={max_restarts}",
+             "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}", "--rdzv-id=classic",
+             f"--max-restarts={max_restarts}",
              "--monitor-interval=0.1", "-m", "bench.classic_trainer", *args],
             cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
                            "PYTHONUNBUFFERED": "1"},

@@ -93,11 +93,13 @@ def main() -> None:
     parser.add_argument("--checkpoint-every", type=int, default=10, help="classic path: DCP checkpoint interval C")
     parser.add_argument("--spares", action="store_true", help="torchft path with a warm spare per group")
     parser.add_argument("--settle-s", type=float, default=8.0)
+    parser.add_argument("--paths", default="torchft,classic", help="which paths to run (comma-separated)")
     parser.add_argument("--out", type=Path, default=Path("bench-recovery.json"))
     args = parser.parse_args()
     trainer_args = [f"--seq-len={args.seq_len}", f"--batch-size={args.batch_size}"]
-    ft = torchft_runs(args, [*trainer_args, "--checkpoint-every=1000000"])
-    classic = classic_runs(args, trainer_args)
+    paths = set(args.paths.split(","))
+    ft = torchft_runs(args, [*trainer_args, "--checkpoint-every=1000000"]) if "torchft" in paths else []
+    classic = classic_runs(args, trainer_args) if "classic" in paths else []
     args.out.write_text(json.dumps({"settings": {k: str(v) for k, v in vars(args).items()},
                                     "torchft": ft, "classic": classic}, indent=2))
 

@@ -6,7 +6,7 @@ from contextlib import asynccontextmanager
 
 import httpx
 from fastapi import FastAPI, HTTPException, Response
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
 from pydantic import BaseModel
 
 from lighthouse.config import LighthouseSettings
@@ -25,13 +25,17 @@ class Health(BaseModel):
 def create_app(settings: LighthouseSettings, supervisor: LighthouseSupervisor) -> FastAPI:
     client = httpx.AsyncClient(base_url=settings.local_url, timeout=2.0)
     registry = CollectorRegistry()
-    up = Gauge("ftlh_up", "1 when torchft's Lighthouse answers its status page", registry=registry)
-    restarts = Gauge("ftlh_restarts", "times the wrapper restarted a dead Lighthouse", registry=registry)
-    quorum_id = Gauge("ftlh_quorum_id", "current quorum id", registry=registry)
-    members = Gauge("ftlh_quorum_members", "replica groups in the last quorum", registry=registry)
-    heartbeating = Gauge("ftlh_heartbeating_replicas", "replica groups heartbeating", registry=registry)
-    min_replicas = Gauge("ftlh_min_replicas", "configured min_replicas", registry=registry)
+    up = Gauge("ftctl_lighthouse_up", "1 when torchft's Lighthouse answers its status page", registry=registry)
+    restarts = Counter("ftctl_lighthouse_restarts", "times the wrapper restarted a dead Lighthouse", registry=registry)
+    quorum_id = Gauge("ftctl_lighthouse_quorum_id", "current quorum id", registry=registry)
+    members = Gauge("ftctl_lighthouse_quorum_participants", "replica groups in the last quorum", registry=registry)
+    heartbeating = Gauge("ftctl_lighthouse_heartbeating_replicas", "replica groups heartbeating within the timeout",
+                         registry=registry)
+    min_replicas = Gauge("ftctl_lighthouse_min_replicas", "configured min_replicas", registry=registry)
+    heartbeat_age = Gauge("ftctl_lighthouse_heartbeat_age_seconds", "seconds since a group's last heartbeat",
+                          ["group"], registry=registry)
     min_replicas.set(settings.min_replicas)
+    counted_restarts = [0]
 
     async def fetch() -> LighthouseStatus:
         try:
@@ -74,7 +78,8 @@ def create_app(settings: LighthouseSettings, supervisor: LighthouseSupervisor) -
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        restarts.set(supervisor.restarts)
+        restarts.inc(supervisor.restarts - counted_restarts[0])
+        counted_restarts[0] = supervisor.restarts
         try:
             state = await fetch()
         except HTTPException:
@@ -84,6 +89,10 @@ def create_app(settings: LighthouseSettings, supervisor: LighthouseSupervisor) -
             quorum_id.set(state.quorum_id)
             members.set(len(state.members))
             heartbeating.set(len([h for h in state.heartbeats if not h.stale]))
+            heartbeat_age.clear()
+            for beat in state.heartbeats:
+                if beat.group is not None:
+                    heartbeat_age.labels(str(beat.group)).set(beat.age_s)
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     return app

@@ -34,11 +34,12 @@ class Connection:
             token=token or os.environ.get("FTCTL_TOKEN") or saved.get("token"),
         )
 
-    def save(self, state_dir: Path) -> Path:
+    def save(self, state_dir: Path, **extra) -> Path:
+        """Write the API address and token (and ``extra``: the other services' addresses)."""
         state_dir.mkdir(parents=True, exist_ok=True)
         path = state_dir / CONNECTION_FILE
         path.touch(mode=0o600)
-        path.write_text(json.dumps({"api": self.api, "token": self.token}))
+        path.write_text(json.dumps({"api": self.api, "token": self.token, **extra}))
         return path
 
     def client(self, timeout: float = 10.0) -> httpx.Client:

@@ -147,7 +147,8 @@ class Cluster:
             self._spawn(f"agent{g}", argv)
         for g, child in zip(range(cfg.groups), self.children[2:]):
             self._wait_http(child, f"{self.agent_url(g)}/healthz")
-        Connection(cfg.api, cfg.token).save(cfg.state_dir)
+        Connection(cfg.api, cfg.token).save(cfg.state_dir, lighthouse=self.lighthouse_url,
+                                            lighthouse_api=self.lighthouse_api, agents=agents)
 
     def stop(self, timeout_s: float = 40) -> list[int]:
         """Stop agents, then the control plane, then the Lighthouse; returns pids still alive (none)."""

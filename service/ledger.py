@@ -1,7 +1,8 @@
 """The goodput model of long-running training (the seed, chapter 2; no torch import).
 
     cluster MTBF          M = per-GPU MTBF / N
-    loss per failure      L = T_d + T_r + T_l + tau / 2      (rollback: half an interval)
+    loss per failure      L = T_d + T_r + T_l + tau / 2      (rollback: half an interval;
+                                                          with torchft a survivor redoes ~1 step)
     goodput               G = (1 - L / M) / (1 + delta / tau)
     Young's interval      tau_opt = sqrt(2 * delta * M)
 
@@ -37,6 +38,7 @@ class Recovery:
     restart_s: float
     load_s: float
     delta_s: float
+    rollback_s: float | None = None  # None: tau/2 (restart from a checkpoint); torchft: about one step
 
 
 @dataclass(frozen=True)
@@ -64,7 +66,8 @@ def goodput(cluster: Cluster, rec: Recovery, tau_s: float | None = None) -> Good
     tau = tau_s if tau_s is not None else young_interval(rec.delta_s, m)
     if tau <= 0:
         raise ValueError("the checkpoint interval tau must be positive (give --tau, or a positive --delta)")
-    loss = rec.detect_s + rec.restart_s + rec.load_s + tau / 2.0
+    rollback = tau / 2.0 if rec.rollback_s is None else rec.rollback_s
+    loss = rec.detect_s + rec.restart_s + rec.load_s + rollback
     if loss >= m:
         raise NoProgress(f"loss per failure {loss:.0f} s >= cluster MTBF {m:.0f} s: training never makes progress")
     overhead = rec.delta_s / tau
@@ -74,7 +77,7 @@ def goodput(cluster: Cluster, rec: Recovery, tau_s: float | None = None) -> Good
         "detect": rec.detect_s / m,
         "restart": rec.restart_s / m,
         "load": rec.load_s / m,
-        "rollback": (tau / 2.0) / m,
+        "rollback": rollback / m,
     }
     return Goodput(cluster.gpus, m, tau, g, overhead, loss, terms, max(terms, key=terms.get))
 

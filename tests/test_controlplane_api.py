@@ -238,3 +238,26 @@ def test_quorum_health_and_docs_without_a_lighthouse(api):
     ready = api.get("/readyz")
     assert ready.status_code == 503 and ready.json()["checks"]["sqlite"] == "ok"
     assert api.get("/openapi.json").status_code == 200 and api.get("/docs").status_code == 200
+
+
+def test_goodput_projects_the_measured_recovery_to_scale(db):
+    with TestClient(create_app(settings(db))) as api:
+        missing = api.get("/api/v1/goodput")
+        assert missing.status_code == 409 and "no kill-heal drill has finished" in missing.json()["detail"]
+        training(api)
+    store = Store(db)
+    drill = store.create_drill("kill-heal", 1, {})
+    store.update_drill(drill, "done", {"group": 1, "detect_s": 1.0, "survivors_resume_s": 1.3,
+                                       "rejoin_to_healed_commit_s": 1.5, "survivors_steps_lost": 1,
+                                       "fingerprints_equal": True})
+    store.close()
+    with TestClient(create_app(settings(db))) as api:
+        out = api.get("/api/v1/goodput", params={"gpus": [1024, 16384]}).json()
+    assert out["measured"]["drills"] == 1 and out["measured"]["reconfigure_s"] == pytest.approx(0.3)
+    ours = {p["gpus"]: p for p in out["projections"] if p["path"].startswith("this service")}
+    classic = {p["gpus"]: p for p in out["projections"] if p["path"] == "classic restart"}
+    assert ours[16384]["goodput"] > classic[16384]["goodput"] > 0.9
+    assert classic[16384]["goodput"] == pytest.approx(0.9449, abs=1e-4)  # the seed's scenario C
+    assert ours[16384]["inputs"]["rollback_s"] == pytest.approx(0.5)  # one step at 0.5 s
+    assert out["answer"][1].startswith("at 16384 GPUs with our measured recovery, goodput would be")
+    assert "assumed: the seed's scenario C" in out["classic_source"]

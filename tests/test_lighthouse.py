@@ -57,10 +57,14 @@ def test_contract_with_zero_one_and_two_members(server):
     assert [h.group for h in one.heartbeats] == [0] and one.heartbeats[0].age_s < 5
     assert one.quorum_age_s is not None and one.previous_quorum_id == 1
 
+    # group 1 asks first: were group 0 (the only previous member) first, the Lighthouse would
+    # form a fast quorum of group 0 alone before group 1's request arrived
     client.heartbeat("group1:uuid-1")
-    threads = [threading.Thread(target=_join, args=(client, g, 8, results)) for g in (0, 1)]
-    for t in threads:
-        t.start()
+    threads = [threading.Thread(target=_join, args=(client, g, 8, results)) for g in (1, 0)]
+    threads[0].start()
+    wait_for(lambda: "only have 1 participants" in parse_status(_page(server)).next_quorum.text, 10,
+             "group 1's quorum request to be pending")
+    threads[1].start()
     for t in threads:
         t.join(15)
     two = parse_status(_page(server))
@@ -102,7 +106,7 @@ def test_wrapper_serves_json_and_restarts_a_dead_lighthouse():
         health = httpx.get(f"{base}/healthz").json()
         assert health["restarts"] == 1
         metrics = httpx.get(f"{base}/metrics").text
-        assert "ftlh_restarts 1.0" in metrics and "ftlh_up 1.0" in metrics
+        assert "ftctl_lighthouse_restarts_total 1.0" in metrics and "ftctl_lighthouse_up 1.0" in metrics
         pids = [p.pid for p in process_tree(wrapper.pid)]
         assert len(pids) == 2
     finally:

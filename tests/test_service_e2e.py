@@ -98,6 +98,18 @@ def test_up_kill_rejoin_drill_control_plane_restart_and_ctrl_c(ftctl_up):
     assert r["rejoin_to_healed_commit_s"] > 0 and r["heal_bytes"] > 0
     assert len({d for ranks in r["fingerprints"].values() for d in ranks.values()}) == 2  # one digest per rank
 
+    chaos = ftctl(state, "drill", "chaos", "--mtbf", "6", "--duration", "20", "--seed", "1", "--rejoin-delay", "2",
+                  "--baseline", "8", "--json")
+    assert chaos.returncode == 0, chaos.stdout + chaos.stderr
+    c = json.loads(chaos.stdout[chaos.stdout.index("{"):])
+    assert c["status"] == "done" and c["report"]["kills"], c
+    assert 0 < c["goodput"] < 1.2 and c["report"]["baseline_rate"] > 0
+    assert set(c["report"]["lost_s"]) == {"detect", "restart", "heal", "rollback", "waiting_to_rejoin"}
+    assert all(k["heal_s"] is not None for k in c["report"]["kills"]), "every killed group came back and healed"
+    wait_for(lambda: {g["state"] for g in groups(api).values()} == {"training"}, 240, "both groups training after chaos")
+    projected = api.get("/api/v1/goodput").json()
+    assert projected["measured"]["drills"] == 1 and len(projected["answer"]) == 2
+
     status = ftctl(state, "status", "--json")
     assert status.returncode == 0 and json.loads(status.stdout)["quorum_id"] >= 1
 

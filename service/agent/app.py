@@ -5,8 +5,9 @@ from __future__ import annotations
 from contextlib import asynccontextmanager
 from typing import Literal
 
-from fastapi import Depends, FastAPI, HTTPException
+from fastapi import Depends, FastAPI, HTTPException, Response
 from fastapi.concurrency import run_in_threadpool
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
 from pydantic import BaseModel
 
 from service.agent.config import AgentSettings
@@ -101,6 +102,23 @@ def create_app(settings: AgentSettings) -> FastAPI:
     @app.get("/status", response_model=AgentStatus)
     def get_status() -> AgentStatus:
         return status()
+
+    registry = CollectorRegistry()
+    labels = {"group": str(settings.group)}
+    for name, text, read in (
+        ("ftctl_agent_group_running", "1 while the group's torchrun runs", lambda: float(supervisor.running)),
+        ("ftctl_agent_spare_ready", "1 while a warm spare is ready to be promoted",
+         lambda: float(bool(spare) and spare.state() == "ready")),
+        ("ftctl_agent_events_buffered", "events waiting for the control plane", lambda: float(len(forwarder.buffer))),
+        ("ftctl_agent_events_dropped", "events dropped because the buffer was full", lambda: float(forwarder.dropped)),
+        ("ftctl_agent_events_forwarded", "events delivered to the control plane", lambda: float(forwarder.forwarded)),
+        ("ftctl_agent_group_starts", "times the agent started the group", lambda: float(supervisor.starts)),
+    ):
+        Gauge(name, text, list(labels), registry=registry).labels(**labels).set_function(read)
+
+    @app.get("/metrics", include_in_schema=False)
+    def metrics() -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/healthz")
     def healthz() -> dict:

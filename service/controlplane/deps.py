@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import httpx
 from fastapi import HTTPException, Request
+from prometheus_client import CollectorRegistry
 
 from service.controlplane.agents import AgentClient
 from service.controlplane.db import Store
@@ -24,6 +25,7 @@ class Services:
     agents: AgentClient
     drills: DrillRunner
     lighthouse: httpx.AsyncClient
+    metrics_registry: CollectorRegistry
 
 
 def services(request: Request) -> Services:

@@ -12,13 +12,15 @@ from pydantic import ValidationError
 from protocol.events import EVENT_ADAPTER
 from service.controlplane.db import Store
 from service.controlplane.groups import GroupView, Transition
+from service.controlplane.metrics import JobMetrics
 
 log = logging.getLogger("controlplane")
 
 
 class Hub:
-    def __init__(self, store: Store, groups: int):
+    def __init__(self, store: Store, groups: int, metrics: JobMetrics | None = None):
         self.store = store
+        self.metrics = metrics or JobMetrics()
         self.views = {g: GroupView(g) for g in range(groups)}
         self._listeners: set[asyncio.Queue] = set()
         self.received = 0
@@ -53,8 +55,10 @@ class Hub:
         self.store.record_ingest(group, agent_dropped, rejected)
         self.received += len(accepted)
         self.rejected += rejected
+        self.metrics.rejected.inc(rejected)
         for event_id, event in zip(ids, accepted):
             event["id"] = event_id
+            self.metrics.observe(event)
             transition = self.views[event["group"]].observe(event)
             if transition is not None:
                 self.store.add_transition(event["group"], transition.state, transition.reason, transition.ts)

@@ -21,4 +21,6 @@ class ControlPlaneSettings(BaseSettings):
     nproc_per_group: int = Field(2, ge=1, description="ranks per group (fingerprints are compared per rank)")
     agents: dict[int, str] = Field(default_factory=dict, description='agent URL per group, JSON: {"0": "http://127.0.0.1:8100"}')
     lighthouse_api: str = Field("http://127.0.0.1:29511", description="the Lighthouse wrapper's JSON API")
+    classic_recovery_json: Path | None = Field(
+        None, description="bench/recovery's JSON: the classic path's measured times for GET /api/v1/goodput")
     drill_timeout_s: float = Field(180.0, gt=0, description="a drill phase that takes longer fails the drill")

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import httpx
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from fastapi import APIRouter, Depends, Response
 
 from service.controlplane.deps import Services, services
@@ -13,6 +14,12 @@ router = APIRouter(tags=["health"])
 def healthz() -> Health:
     """Liveness: the process answers."""
     return Health(ok=True)
+
+
+@router.get("/metrics", include_in_schema=False)
+def metrics(s: Services = Depends(services)) -> Response:
+    """Prometheus exposition of the job's metrics."""
+    return Response(generate_latest(s.metrics_registry), media_type=CONTENT_TYPE_LATEST)
 
 
 @router.get("/readyz", response_model=Health, responses={503: {"model": Health}})

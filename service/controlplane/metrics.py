@@ -1,0 +1,171 @@
+"""Prometheus metrics of the control plane: what the events say about the job.
+
+Counters and histograms move as events arrive; gauges are read from the group views and the
+store when Prometheus scrapes. One prefix (``ftctl_``), base units, ``_total`` counters, and
+labels of low cardinality: the stable group id, never torchft's per-start replica uuid.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from service.controlplane.groups import STATES
+
+STEP_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10)
+CODES = ("unknown", *STATES)  # dashboards/quorum.py maps these numbers back to names
+HEAL_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120)
+
+
+class JobMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.compute = Histogram("ftctl_step_compute_seconds", "rank 0's compute time per step", ["group"],
+                                 buckets=STEP_BUCKETS, registry=r)
+        self.allreduce = Histogram("ftctl_step_allreduce_wait_seconds",
+                                   "rank 0's wait on the cross-group all-reduce per step", ["group"],
+                                   buckets=STEP_BUCKETS, registry=r)
+        self.commits = Counter("ftctl_commits_total", "steps a group committed", ["group"], registry=r)
+        self.commit_failures = Counter("ftctl_commit_failures_total", "steps a group could not commit", ["group"],
+                                       registry=r)
+        self.heals = Counter("ftctl_heals_total", "heals from a live peer", ["group"], registry=r)
+        self.heal_seconds = Histogram("ftctl_heal_duration_seconds", "fetch + load time of a heal (rank 0)",
+                                      ["group"], buckets=HEAL_BUCKETS, registry=r)
+        self.heal_bytes = Counter("ftctl_heal_bytes_total", "bytes rank 0 of a group copied from peers", ["group"],
+                                  registry=r)
+        self.starts = Counter("ftctl_group_starts_total", "times a group's processes were started (rejoins included)",
+                              ["group"], registry=r)
+        self.exits = Counter("ftctl_group_exits_total", "times a group went down, by reason", ["group", "reason"],
+                             registry=r)
+        self.quorum_changes = Counter("ftctl_quorum_changes_total", "quorum changes seen by a group's rank 0",
+                                      ["group"], registry=r)
+        self.checkpoint_seconds = Histogram("ftctl_checkpoint_save_seconds", "checkpoint save time",
+                                            buckets=HEAL_BUCKETS, registry=r)
+        self.events = Counter("ftctl_events_received_total", "events accepted from agents", registry=r)
+        self.rejected = Counter("ftctl_events_rejected_total", "events refused as invalid", registry=r)
+        self.last_checkpoint_ts = 0.0
+        self.fingerprints: dict[int, dict[tuple[int, int], str]] = {}
+        self.fingerprint_mismatch = 0.0
+
+    def observe(self, e: dict) -> None:
+        g = str(e["group"])
+        kind = e["type"]
+        self.events.inc()
+        if kind == "process":
+            (self.starts.labels(g).inc() if e["action"] == "started" else self.exits.labels(g, e["action"]).inc())
+        elif kind == "fingerprint":
+            self._fingerprint(e)
+        elif e.get("rank") != 0:
+            return
+        elif kind == "step":
+            self.compute.labels(g).observe(e["compute_s"])
+            self.allreduce.labels(g).observe(e["allreduce_s"])
+            (self.commits if e["committed"] else self.commit_failures).labels(g).inc()
+        elif kind == "heal":
+            self.heals.labels(g).inc()
+            self.heal_seconds.labels(g).observe(e["fetch_s"] + e["load_s"])
+            self.heal_bytes.labels(g).inc(e["bytes"])
+        elif kind == "quorum":
+            self.quorum_changes.labels(g).inc()
+        elif kind == "checkpoint" and e["action"] == "saved":
+            self.checkpoint_seconds.observe(e["seconds"])
+            self.last_checkpoint_ts = max(self.last_checkpoint_ts, e["ts"])
+
+    def _fingerprint(self, e: dict) -> None:
+        """At each step every reporting (group, rank) is compared with the other groups' same rank."""
+        at = self.fingerprints.setdefault(e["step"], {})
+        at[(e["group"], e["rank"])] = e["digest"]
+        by_rank: dict[int, set[str]] = {}
+        for (_, rank), digest in at.items():
+            by_rank.setdefault(rank, set()).add(digest)
+        if len({g for g, _ in at}) > 1:
+            self.fingerprint_mismatch = float(any(len(d) > 1 for d in by_rank.values()))
+        for old in sorted(self.fingerprints)[:-20]:
+            del self.fingerprints[old]
+
+
+class StateCollector(Collector):
+    """Gauges read at scrape time from the hub's group views and the store."""
+
+    def __init__(self, hub, store, metrics: JobMetrics, project=None):
+        self.hub = hub
+        self.store = store
+        self.metrics = metrics
+        self.project = project  # () -> GoodputOut, raising ValueError when there is nothing to project
+
+    def collect(self):
+        views = self.hub.views.values()
+        state = GaugeMetricFamily("ftctl_group_state", "1 for the state the group is in", labels=["group", "state"])
+        code = GaugeMetricFamily("ftctl_group_state_code",
+                                 "the group's state as a number: " + ", ".join(f"{i} {n}" for i, n in enumerate(CODES)),
+                                 labels=["group"])
+        up = GaugeMetricFamily("ftctl_group_up", "1 while the group is not down", labels=["group"])
+        step = GaugeMetricFamily("ftctl_group_step", "last committed step", labels=["group"])
+        lag = GaugeMetricFamily("ftctl_group_step_lag", "steps behind the most advanced group", labels=["group"])
+        loss = GaugeMetricFamily("ftctl_group_loss", "last committed loss", labels=["group"])
+        parts = GaugeMetricFamily("ftctl_group_participants", "groups in the quorum this group trains in",
+                                  labels=["group"])
+        steps = [v.step for v in views if v.step is not None]
+        top = max(steps) if steps else 0
+        quorum = max((v.quorum_id for v in views if v.quorum_id is not None), default=-1)
+        for v in views:
+            g = str(v.group)
+            for s in STATES:
+                state.add_metric([g, s], 1.0 if v.state == s else 0.0)
+            code.add_metric([g], CODES.index(v.state))
+            up.add_metric([g], 0.0 if v.state in ("down", "unknown") else 1.0)
+            if v.step is not None:
+                step.add_metric([g], v.step)
+                lag.add_metric([g], top - v.step)
+            if v.loss is not None:
+                loss.add_metric([g], v.loss)
+            if v.participants is not None:
+                parts.add_metric([g], v.participants)
+        yield from (state, code, up, step, lag, loss, parts)
+        yield GaugeMetricFamily("ftctl_quorum_id", "highest quorum id a group reported", value=quorum)
+        yield GaugeMetricFamily("ftctl_fingerprint_mismatch",
+                                "1 when groups reported different state fingerprints at the same step",
+                                value=self.metrics.fingerprint_mismatch)
+        yield GaugeMetricFamily("ftctl_checkpoint_last_save_timestamp_seconds", "when the newest checkpoint was saved",
+                                value=self.metrics.last_checkpoint_ts)
+        dropped = GaugeMetricFamily("ftctl_events_dropped", "events an agent dropped while the control plane was away",
+                                    labels=["group"])
+        for g, stats in self.store.ingest_stats().items():
+            dropped.add_metric([str(g)], stats["agent_dropped"])
+        yield dropped
+        yield from self._drills()
+
+    def _drills(self):
+        drills = self.store.drills(200)
+        count = GaugeMetricFamily("ftctl_drills", "drills by kind and status", labels=["kind", "status"])
+        totals: dict[tuple[str, str], int] = {}
+        for d in drills:
+            totals[(d["kind"], d["status"])] = totals.get((d["kind"], d["status"]), 0) + 1
+        for (kind, status), n in totals.items():
+            count.add_metric([kind, status], n)
+        yield count
+        heal = next((d["report"] for d in drills if d["kind"] == "kill-heal" and d["status"] == "done"), None)
+        result = GaugeMetricFamily("ftctl_drill_seconds", "the last kill-heal drill's measured times", labels=["phase"])
+        if heal:
+            for phase, key in (("detect", "detect_s"), ("survivors_resume", "survivors_resume_s"),
+                               ("heal", "rejoin_to_healed_commit_s")):
+                result.add_metric([phase], heal[key])
+        yield result
+        yield GaugeMetricFamily("ftctl_drill_fingerprints_equal", "1 if the last kill-heal drill found equal state",
+                                value=float(bool(heal and heal.get("fingerprints_equal"))) if heal else float("nan"))
+        chaos = next((d["report"] for d in drills if d["kind"] == "chaos" and d["status"] == "done"), None)
+        yield GaugeMetricFamily("ftctl_goodput_ratio", "the last chaos drill's goodput (committed rate vs failure-free)",
+                                value=chaos["goodput"] if chaos and chaos.get("goodput") is not None else float("nan"))
+        projected = GaugeMetricFamily("ftctl_goodput_projected_ratio",
+                                      "the ledger's goodput at scale with the measured recovery (GET /api/v1/goodput)",
+                                      labels=["gpus", "path"])
+        if self.project is not None:
+            try:
+                for p in self.project().projections:
+                    projected.add_metric([str(p.gpus), "torchft" if p.path.startswith("this service") else "classic"],
+                                         p.goodput)
+            except ValueError:  # no drill measured yet, or the model says no progress at that scale
+                pass
+        yield projected

@@ -1,0 +1,167 @@
+// The control plane's own live page: no framework, no CDN, everything from this server.
+"use strict";
+const COLORS = ["#58a6ff", "#3fb950", "#d29922", "#bc8cff", "#f85149", "#39c5cf"];
+const NOTABLE = new Set(["process", "heal", "quorum", "commit_failed", "checkpoint", "exit"]);
+const series = { loss: new Map(), step_s: new Map() };  // group -> [[step, value]]
+const $ = (id) => document.getElementById(id);
+const tokenInput = $("token");
+tokenInput.value = localStorage.getItem("ftctl-token") || "";
+tokenInput.addEventListener("change", () => localStorage.setItem("ftctl-token", tokenInput.value));
+
+function notice(text, ok = false) {
+  const n = $("notice");
+  n.textContent = text; n.hidden = !text; n.className = ok ? "notice ok" : "notice";
+}
+
+async function api(method, path, body) {
+  const headers = { "Content-Type": "application/json" };
+  if (method !== "GET") {
+    if (!tokenInput.value) { notice("Enter the bearer token (ftctl up printed it) to do that."); return null; }
+    headers.Authorization = "Bearer " + tokenInput.value;
+  }
+  const response = await fetch(path, { method, headers, body: body ? JSON.stringify(body) : undefined });
+  const data = await response.json().catch(() => ({}));
+  if (!response.ok) { notice(`${method} ${path}: ${data.detail || response.status}`); return null; }
+  return data;
+}
+
+const age = (ts) => { if (!ts) return "-"; const s = Date.now() / 1000 - ts; return s < 120 ? `${s.toFixed(0)}s` : `${(s / 60).toFixed(0)}m`; };
+
+function renderGroups(groups) {
+  const grid = $("groups");
+  for (const g of groups) {
+    let card = $(`group-${g.group}`);
+    if (!card) {
+      card = document.createElement("article");
+      card.id = `group-${g.group}`;
+      card.innerHTML = `<h3><span>group ${g.group}</span><span class="state"></span></h3><div class="step"></div>
+        <div class="meta"></div><div class="actions"><button class="kill">Kill</button><button class="ghost rejoin">Rejoin</button></div>`;
+      card.querySelector(".kill").addEventListener("click", () => command(g.group, "kill"));
+      card.querySelector(".rejoin").addEventListener("click", () => command(g.group, "rejoin"));
+      grid.appendChild(card);
+    }
+    card.className = `card ${g.state}`;
+    card.dataset.state = g.state;
+    const state = card.querySelector(".state");
+    state.className = `state ${g.state}`;
+    state.textContent = g.state + (g.down_reason ? ` · ${g.down_reason}` : "");
+    card.querySelector(".step").textContent = g.step ?? "–";
+    const heal = g.last_heal ? `last heal: step ${g.last_heal.step} from g${g.last_heal.source_group}, ` +
+      `${(g.last_heal.bytes / 2 ** 20).toFixed(0)} MiB in ${g.last_heal.fetch_s.toFixed(2)}s, ${age(g.last_heal.ts)} ago` : "no heal yet";
+    card.querySelector(".meta").innerHTML =
+      `loss ${g.loss?.toFixed(3) ?? "-"} · ${g.participants ?? "-"} groups · quorum ${g.quorum_id ?? "-"} · ${g.state} for ${age(g.since)}<br>${heal}`;
+    card.querySelector(".kill").disabled = g.state === "down";
+    card.querySelector(".rejoin").disabled = g.state !== "down";
+  }
+}
+
+async function command(group, action) {
+  const result = await api("POST", `/api/v1/groups/${group}/${action}`);
+  if (result) notice(`group ${group}: ${action} sent; now ${result.group_state.state}`, true);
+  refresh();
+}
+
+function chart(svg, data, fmt) {
+  const lines = [...data.entries()].filter(([, pts]) => pts.length > 1);
+  const all = lines.flatMap(([, pts]) => pts);
+  if (!all.length) { svg.innerHTML = `<text x="10" y="110">waiting for steps…</text>`; return; }
+  const [x0, x1] = [Math.min(...all.map((p) => p[0])), Math.max(...all.map((p) => p[0]))];
+  const [y0, y1] = [Math.min(...all.map((p) => p[1])), Math.max(...all.map((p) => p[1]))];
+  const sx = (x) => 40 + (560 * (x - x0)) / Math.max(1, x1 - x0);
+  const sy = (y) => 205 - (190 * (y - y0)) / Math.max(1e-9, y1 - y0);
+  let out = `<line class="axis" x1="40" y1="205" x2="600" y2="205"/><text x="0" y="15">${fmt(y1)}</text>` +
+    `<text x="0" y="205">${fmt(y0)}</text><text x="560" y="218">step ${x1}</text>`;
+  for (const [group, pts] of lines) {
+    const d = pts.map((p, i) => `${i ? "L" : "M"}${sx(p[0]).toFixed(1)},${sy(p[1]).toFixed(1)}`).join("");
+    out += `<path d="${d}" fill="none" stroke="${COLORS[group % COLORS.length]}" stroke-width="2"/>` +
+      `<text x="${sx(pts.at(-1)[0]) - 30}" y="${sy(pts.at(-1)[1]) - 6}">g${group}</text>`;
+  }
+  svg.innerHTML = out;
+}
+
+function addStep(e) {
+  if (e.rank !== 0 || !e.committed) return;
+  for (const key of ["loss", "step_s"]) {
+    const pts = series[key].get(e.group) || [];
+    if (pts.length && pts.at(-1)[0] >= e.step) pts.length = pts.findIndex((p) => p[0] >= e.step);
+    pts.push([e.step, e[key]]);
+    if (pts.length > 400) pts.shift();
+    series[key].set(e.group, pts);
+  }
+}
+
+function describe(e) {
+  switch (e.type) {
+    case "process": return `${e.action}${e.detail ? " (" + e.detail + ")" : ""}`;
+    case "heal": return `healed at step ${e.step} from group ${e.source_group}: ${(e.bytes / 2 ** 20).toFixed(1)} MiB in ${e.fetch_s.toFixed(2)}s`;
+    case "quorum": return `quorum ${e.quorum_id} with ${e.participants} group(s) at step ${e.step}`;
+    case "commit_failed": return `step ${e.step} not committed${e.error ? ": " + e.error.slice(0, 80) : ""}`;
+    case "checkpoint": return `checkpoint ${e.action} at step ${e.step} (${e.seconds.toFixed(2)}s)`;
+    case "exit": return `exit: ${e.reason} at step ${e.step}`;
+    default: return e.type;
+  }
+}
+
+function addTimeline(e) {
+  if (!NOTABLE.has(e.type) || (e.rank !== undefined && e.rank !== null && e.rank !== 0)) return;
+  const li = document.createElement("li");
+  const time = new Date(e.ts * 1000).toLocaleTimeString();
+  li.innerHTML = `<span class="t">${time}</span><span class="k ${e.type}">g${e.group} ${e.type}</span>`;
+  li.append(describe(e));
+  const list = $("events");
+  list.prepend(li);
+  while (list.children.length > 200) list.lastChild.remove();
+}
+
+function ingest(e) {
+  if (e.type === "step") addStep(e);
+  addTimeline(e);
+}
+
+async function renderDrills() {
+  const data = await api("GET", "/api/v1/drills");
+  if (!data) return;
+  $("drills").innerHTML = data.drills.slice(0, 8).map((d) => {
+    const r = d.report;
+    const detail = d.kind === "chaos"
+      ? `goodput ${r.goodput != null ? (100 * r.goodput).toFixed(1) + "%" : "-"} · ${r.kills.length} kills`
+      : `detect ${r.detect_s?.toFixed(2) ?? "-"}s · resume ${r.survivors_resume_s?.toFixed(2) ?? "-"}s · heal ${r.rejoin_to_healed_commit_s?.toFixed(2) ?? "-"}s · ` +
+        (r.fingerprints_equal == null ? "" : r.fingerprints_equal ? `<span class="ok">state equal</span>` : `<span class="bad">STATE DIFFERS</span>`);
+    return `<div class="drill">#${d.id} ${d.kind} ${d.group ?? ""} · <b>${d.status}</b> · ${r.phase}<br>${detail}</div>`;
+  }).join("") || `<div class="dim">none yet</div>`;
+}
+
+async function refresh() {
+  const q = await api("GET", "/api/v1/quorum");
+  if (!q) return;
+  renderGroups(q.groups);
+  $("quorum").innerHTML = q.lighthouse_reachable
+    ? `quorum <b>${q.quorum_id}</b> · members <b>${q.members.map((m) => "g" + m.group).join(", ") || "none"}</b> · ${q.heartbeating ?? "?"} heartbeating`
+    : `<span style="color:var(--red)">Lighthouse unreachable</span>`;
+  chart($("loss-chart"), series.loss, (v) => v.toFixed(2));
+  chart($("step-chart"), series.step_s, (v) => v.toFixed(2));
+}
+
+async function start() {
+  const since = Date.now() / 1000 - 600;
+  for (const type of ["step", "process", "heal", "quorum", "commit_failed", "checkpoint"]) {
+    const page = await api("GET", `/api/v1/events?type=${type}&since=${since}&limit=1000`);
+    (page?.events || []).forEach(ingest);
+  }
+  const stream = new EventSource("/api/v1/events/stream");
+  stream.onmessage = (m) => ingest(JSON.parse(m.data));
+  for (const type of ["step", "process", "heal", "quorum", "commit_failed", "checkpoint", "exit"]) {
+    stream.addEventListener(type, (m) => ingest(JSON.parse(m.data)));
+  }
+  $("drill").addEventListener("click", async () => {
+    const groups = [...document.querySelectorAll(".card")].filter((c) => c.dataset.state === "training");
+    if (groups.length < 2) { notice("A kill-heal drill needs two groups training."); return; }
+    const group = Number(groups.at(-1).id.split("-")[1]);
+    const drill = await api("POST", "/api/v1/drills", { kind: "kill-heal", group });
+    if (drill) notice(`drill ${drill.id} started on group ${group}`, true);
+  });
+  refresh(); renderDrills();
+  setInterval(refresh, 1000);
+  setInterval(renderDrills, 3000);
+}
+start();
