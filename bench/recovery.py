@@ -32,9 +32,12 @@ def torchft_runs(args, trainer_args: list[str]) -> list[dict]:
     runs = []
     try:
         up.wait_training()
+        victim = args.groups - 1
         for i in range(args.repeats):
             time.sleep(args.settle_s)
-            drill = up.api.post("/api/v1/drills", json={"kind": "kill-heal", "group": args.groups - 1}).json()
+            while args.spares and up.api.get(f"/api/v1/groups/{victim}/agent").json()["spare"] != "ready":
+                time.sleep(1)  # measure promotion of a READY spare, as in production between failures
+            drill = up.api.post("/api/v1/drills", json={"kind": "kill-heal", "group": victim}).json()
             while drill["status"] == "running":
                 time.sleep(0.3)
                 drill = up.api.get(f"/api/v1/drills/{drill['id']}").json()

@@ -1,80 +1,138 @@
-"""`ftctl up` end to end: real Lighthouse, control plane, agents and torchrun groups."""
+"""`ftctl up` end to end: real Lighthouse, control plane, agents, torchrun groups, Prometheus, Chromium.
+
+One job serves the whole module (starting one costs a minute on two cores); the tests run in
+file order against it, and the last one stops it with Ctrl-C.
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 import pytest
 
 from cluster import REPO, wait_for
+from dashboards.quorum import panel_queries
 from service.proctree import process_tree, wait_gone
 from trainer.launch import free_port
 
 TOKEN = "e2e-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
+ARTIFACTS = REPO / "test-artifacts"
 
 
-@pytest.fixture
-def ftctl_up(tmp_path):
-    port = free_port()
-    state = tmp_path / "state"
-    log = open(tmp_path / "ftctl-up.log", "wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "service.cli", "up", "--groups", "2", "--nproc-per-group", "2", "--steps", "100000",
-         "--port", str(port), "--lighthouse-port", str(free_port()), "--state-dir", str(state), "--refresh", "0.5",
-         "--spares", "1",
-         "--trainer-arg=--seq-len=64", "--trainer-arg=--batch-size=2", "--trainer-arg=--fingerprint-every=5"],
-        cwd=REPO, env={**os.environ, "FTCTL_TOKEN": TOKEN, "COLUMNS": "150"}, stdout=log, stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+@dataclass
+class Live:
+    proc: subprocess.Popen
+    api: httpx.Client
+    state: Path
+    log: Path
+    prometheus: subprocess.Popen
+    prometheus_url: str
+    started: float
+
+
+def prometheus_config(path: Path, conn: dict) -> Path:
+    targets = {"controlplane": [conn["api"]], "lighthouse": [conn["lighthouse_api"]], "agents": list(conn["agents"].values())}
+    jobs = "".join(
+        f"  - job_name: {job}\n    static_configs:\n      - targets: {json.dumps([u.split('//')[1] for u in urls])}\n"
+        for job, urls in targets.items())
+    path.write_text(f"global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files:\n"
+                    f"  - {REPO / 'deploy/prometheus/rules.yml'}\nscrape_configs:\n{jobs}")
+    return path
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory):
+    if not shutil.which("prometheus"):
+        pytest.fail("prometheus is not installed: .ci/run installs Debian's prometheus package")
+    tmp = tmp_path_factory.mktemp("live")
+    port, state, log = free_port(), tmp / "state", tmp / "ftctl-up.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "service.cli", "up", "--groups", "2", "--nproc-per-group", "2", "--steps", "100000",
+             "--port", str(port), "--lighthouse-port", str(free_port()), "--state-dir", str(state), "--refresh", "0.5",
+             "--spares", "1", "--trainer-arg=--seq-len=64", "--trainer-arg=--batch-size=2",
+             "--trainer-arg=--fingerprint-every=5", "--trainer-arg=--checkpoint-every=20"],
+            cwd=REPO, env={**os.environ, "FTCTL_TOKEN": TOKEN, "COLUMNS": "150"}, stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True)
     api = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30)
-    yield proc, api, state, tmp_path / "ftctl-up.log"
-    if proc.poll() is None:
-        for p in process_tree(proc.pid)[::-1]:
-            p.kill()
-    proc.wait(30)
-    api.close()
+    prom = None
+    try:
+        wait_for(lambda: (state / "connection.json").exists(), 120, "ftctl up to start its services")
+        conn = json.loads((state / "connection.json").read_text())
+        prom_port = free_port()
+        prom = subprocess.Popen(
+            ["prometheus", f"--config.file={prometheus_config(tmp / 'prometheus.yml', conn)}",
+             f"--storage.tsdb.path={tmp / 'tsdb'}", f"--web.listen-address=127.0.0.1:{prom_port}"],
+            stdout=open(tmp / "prometheus.log", "wb"), stderr=subprocess.STDOUT, start_new_session=True)
+        yield Live(proc, api, state, log, prom, f"http://127.0.0.1:{prom_port}", time.time())
+    finally:
+        for p in ([prom] if prom else []) + [proc]:
+            if p.poll() is None:
+                for child in process_tree(p.pid)[::-1]:
+                    child.kill()
+            p.wait(30)
+        api.close()
 
 
 def groups(api: httpx.Client) -> dict[int, dict]:
     try:
         return {g["group"]: g for g in api.get("/api/v1/groups").json()}
-    except httpx.HTTPError:
+    except (httpx.HTTPError, ValueError):
         return {}
 
 
-def ftctl(state, *args: str) -> subprocess.CompletedProcess:
+def all_training(api: httpx.Client) -> bool:
+    return {g["state"] for g in groups(api).values()} == {"training"}
+
+
+def quietly(predicate):
+    """A wait_for predicate that is simply false while the page is still rendering."""
+    def check():
+        try:
+            return predicate()
+        except Exception:  # selenium raises while an element is missing or being replaced
+            return False
+    return check
+
+
+def ftctl(state: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "service.cli", *args, "--state-dir", str(state)], cwd=REPO,
                           capture_output=True, text=True, timeout=400, env={**os.environ, "COLUMNS": "150"})
 
 
-def agent_status(api: httpx.Client, group: int) -> dict:
-    return api.get(f"/api/v1/groups/{group}/agent").json()
+def json_out(result: subprocess.CompletedProcess) -> dict:
+    assert result.returncode == 0, result.stdout + result.stderr
+    return json.loads(result.stdout[result.stdout.index("{"):])
 
 
-def test_up_kill_rejoin_drill_control_plane_restart_and_ctrl_c(ftctl_up):
-    proc, api, state, log = ftctl_up
-    wait_for(lambda: {g["state"] for g in groups(api).values()} == {"training"}, 240, "both groups training")
+def test_rest_kill_and_rejoin_promotes_the_warm_spare(live):
+    api = live.api
+    wait_for(lambda: all_training(api), 240, "both groups training")
     quorum = api.get("/api/v1/quorum").json()
     assert quorum["lighthouse_reachable"] and sorted(m["group"] for m in quorum["members"]) == [0, 1]
     assert all(m["state"] == "training" for m in quorum["members"])
-    wait_for(lambda: agent_status(api, 0)["spare"] == "ready", 240, "group 0's warm spare to be ready")
+    wait_for(lambda: api.get("/api/v1/groups/0/agent").json()["spare"] == "ready", 240, "group 0's warm spare")
 
-    # group 0 has a warm spare: kill it, then rejoin promotes the spare
     killed = api.post("/api/v1/groups/0/kill", headers=AUTH)
     assert killed.status_code == 200, killed.text
     assert killed.json()["group_state"]["state"] == "down"
     killed_at = time.time()
-    survivor_commit = lambda: [e for e in api.get("/api/v1/events", params={  # noqa: E731
-        "group": 1, "type": "step", "since": killed_at, "limit": 1000}).json()["events"]
-        if e["rank"] == 0 and e["committed"] and e["participants"] == 1]
-    wait_for(survivor_commit, 60, "group 1 to commit alone")
+
+    def survivor_alone():
+        events = api.get("/api/v1/events", params={"group": 1, "type": "step", "since": killed_at, "limit": 1000}).json()
+        return [e for e in events["events"] if e["rank"] == 0 and e["committed"] and e["participants"] == 1]
+
+    wait_for(survivor_alone, 60, "group 1 to commit alone")
     assert api.post("/api/v1/groups/0/kill", headers=AUTH).status_code == 409
 
     rejoined = api.post("/api/v1/groups/0/rejoin", headers=AUTH)
@@ -86,51 +144,118 @@ def test_up_kill_rejoin_drill_control_plane_restart_and_ctrl_c(ftctl_up):
     assert states[-5:] == ["down", "starting", "joining", "healing", "training"]
     started = api.get("/api/v1/events", params={"group": 0, "type": "process", "since": rejoined_at - 1}).json()["events"]
     assert started[0]["action"] == "started" and started[0]["detail"] == "promoted warm spare (ready)"
-    start_event = api.get("/api/v1/events", params={"group": 0, "type": "start", "since": rejoined_at - 1}).json()["events"][0]
-    assert start_event["spare_wait_s"] > 0
+    start = api.get("/api/v1/events", params={"group": 0, "type": "start", "since": rejoined_at - 1}).json()["events"][0]
+    assert start["spare_wait_s"] > 0
 
-    drill = ftctl(state, "drill", "kill-heal", "--group", "1", "--json")
-    assert drill.returncode == 0, drill.stdout + drill.stderr
-    report = json.loads(drill.stdout[drill.stdout.index("{"):])
-    assert report["status"] == "done" and report["fingerprints_equal"] is True
-    r = report["report"]
+
+def test_kill_heal_drill_from_the_cli_reports_equal_state(live):
+    wait_for(lambda: all_training(live.api), 240, "both groups training")
+    drill = json_out(ftctl(live.state, "drill", "kill-heal", "--group", "1", "--json"))
+    assert drill["status"] == "done" and drill["fingerprints_equal"] is True
+    r = drill["report"]
     assert 0 < r["detect_s"] <= r["survivors_resume_s"] < 30 and r["survivors_steps_lost"] <= 1
     assert r["rejoin_to_healed_commit_s"] > 0 and r["heal_bytes"] > 0
     assert len({d for ranks in r["fingerprints"].values() for d in ranks.values()}) == 2  # one digest per rank
+    status = json_out(ftctl(live.state, "status", "--json"))
+    assert status["quorum_id"] >= 1
 
-    chaos = ftctl(state, "drill", "chaos", "--mtbf", "6", "--duration", "20", "--seed", "1", "--rejoin-delay", "2",
-                  "--baseline", "8", "--json")
-    assert chaos.returncode == 0, chaos.stdout + chaos.stderr
-    c = json.loads(chaos.stdout[chaos.stdout.index("{"):])
+
+def test_chaos_drill_measures_goodput_and_the_ledger_projects_it(live):
+    wait_for(lambda: all_training(live.api), 240, "both groups training")
+    c = json_out(ftctl(live.state, "drill", "chaos", "--mtbf", "6", "--duration", "20", "--seed", "1",
+                       "--rejoin-delay", "2", "--baseline", "8", "--json"))
     assert c["status"] == "done" and c["report"]["kills"], c
     assert 0 < c["goodput"] < 1.2 and c["report"]["baseline_rate"] > 0
     assert set(c["report"]["lost_s"]) == {"detect", "restart", "heal", "rollback", "waiting_to_rejoin"}
     assert all(k["heal_s"] is not None for k in c["report"]["kills"]), "every killed group came back and healed"
-    wait_for(lambda: {g["state"] for g in groups(api).values()} == {"training"}, 240, "both groups training after chaos")
-    projected = api.get("/api/v1/goodput").json()
+    projected = live.api.get("/api/v1/goodput").json()
     assert projected["measured"]["drills"] == 1 and len(projected["answer"]) == 2
 
-    status = ftctl(state, "status", "--json")
-    assert status.returncode == 0 and json.loads(status.stdout)["quorum_id"] >= 1
 
-    tree = {p.pid: p for p in process_tree(proc.pid)}
+def test_web_page_kill_and_heal_in_chromium(live):
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+
+    wait_for(lambda: all_training(live.api), 240, "both groups training")
+    options = webdriver.ChromeOptions()
+    options.binary_location = shutil.which("chromium") or "/usr/bin/chromium"
+    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--window-size=1500,1000"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(options=options, service=Service(shutil.which("chromedriver") or "/usr/bin/chromedriver"))
+    try:
+        driver.get(str(live.api.base_url))
+        card = lambda: driver.find_element(By.ID, "group-1")  # noqa: E731
+        wait_for(quietly(lambda: card().get_attribute("data-state") == "training"), 30, "the page to show group 1 training")
+        assert "https://" not in driver.page_source.split("<body")[0], "the page loads something from the internet"
+        driver.find_element(By.ID, "token").send_keys(TOKEN)
+        clicked_at = time.time()
+        card().find_element(By.CSS_SELECTOR, "button.kill").click()
+        wait_for(quietly(lambda: card().get_attribute("data-state") == "down"), 30, "group 1 to show down")
+        wait_for(quietly(lambda: not card().find_element(By.CSS_SELECTOR, "button.rejoin").get_attribute("disabled")), 10,
+                 "the rejoin button")
+        card().find_element(By.CSS_SELECTOR, "button.rejoin").click()
+        wait_for(quietly(lambda: card().get_attribute("data-state") == "training"
+                         and (groups(live.api)[1]["last_heal"] or {}).get("ts", 0) > clicked_at), 240,
+                 "group 1 to come back healed on the page")
+        wait_for(quietly(lambda: "healed at step" in driver.find_element(By.ID, "events").text), 30,
+                 "the heal in the timeline")
+        assert "last heal: step" in card().text
+        ARTIFACTS.mkdir(exist_ok=True)
+        driver.save_screenshot(str(ARTIFACTS / "control-plane-page.png"))
+    finally:
+        driver.quit()
+
+
+def test_prometheus_scrapes_and_every_dashboard_query_returns_data(live):
+    prom = httpx.Client(base_url=live.prometheus_url, timeout=30)
+    wait_for(lambda: prom.get("/api/v1/targets").json()["data"]["activeTargets"] and all(
+        t["health"] == "up" for t in prom.get("/api/v1/targets").json()["data"]["activeTargets"]), 60,
+        "Prometheus to scrape every process")
+    window = {"start": live.started, "end": time.time(), "step": "2s"}
+
+    def series(expr: str) -> list:
+        body = prom.get("/api/v1/query_range", params={**window, "query": expr}).json()
+        assert body["status"] == "success", (expr, body)
+        return body["data"]["result"]
+
+    dashboard = json.loads((REPO / "dashboards/quorum.json").read_text())
+    empty = [(title, ref, expr) for title, ref, expr in panel_queries(dashboard)
+             if not series(expr.replace('group=~"$group"', 'group=~".*"').replace("$__rate_interval", "1m"))]
+    assert not empty, f"panels without data: {empty}"
+    down = series('max_over_time(ftctl_group_state{group="0",state="down"}[10m])')
+    assert down and max(float(v) for _, v in down[0]["values"]) == 1.0, "the kill of group 0 is not in the state series"
+    alone = series("min_over_time(ftctl_lighthouse_quorum_participants[10m])")
+    assert alone and min(float(v) for _, v in alone[0]["values"]) == 1.0, "the quorum never shrank to one group"
+    rules = prom.get("/api/v1/rules").json()["data"]["groups"]
+    assert {g["name"] for g in rules} == {"ftctl-recording", "ftctl-alerts"}
+
+
+def test_control_plane_restart_keeps_history_and_events_keep_coming(live):
+    api = live.api
+    tree = {p.pid: p for p in process_tree(live.proc.pid)}
     [control] = [p for p in tree.values() if "service.controlplane" in " ".join(p.cmdline())]
-    last_id = api.get("/api/v1/events", params={"limit": 1000, "after_id": 0}).json()
+    drills_before = api.get("/api/v1/drills").json()["drills"]
+    first_event = api.get("/api/v1/events", params={"limit": 1}).json()["events"][0]
     control.kill()
-    wait_for(lambda: control.pid not in [p.pid for p in process_tree(proc.pid)] and groups(api), 60,
+    wait_for(lambda: control.pid not in [p.pid for p in process_tree(live.proc.pid)] and groups(api), 60,
              "ftctl up to restart the control plane")
-    assert api.get(f"/api/v1/drills/{report['id']}").json()["fingerprints_equal"] is True
-    assert api.get("/api/v1/events", params={"limit": 1}).json()["events"][0]["id"] == last_id["events"][0]["id"]
-    newest = lambda: api.get("/api/v1/events", params={"type": "step", "since": time.time() - 2}).json()["events"]  # noqa: E731
-    wait_for(newest, 60, "new events after the control-plane restart")
-
+    assert api.get("/api/v1/drills").json()["drills"] == drills_before
+    assert api.get("/api/v1/events", params={"limit": 1}).json()["events"][0] == first_event
+    restarted_at = time.time()
+    wait_for(lambda: api.get("/api/v1/events", params={"type": "step", "since": restarted_at}).json()["events"], 60,
+             "new events after the control-plane restart")
     with httpx.stream("GET", f"{api.base_url}/api/v1/events/stream", params={"type": "step"}, timeout=30) as sse:
         data = next(line for line in sse.iter_lines() if line.startswith("data: "))
         assert json.loads(data[6:])["type"] == "step"
 
-    everything = [p.pid for p in process_tree(proc.pid)]
-    assert len(everything) >= 10  # ftctl, lighthouse x2, control plane, 2 agents, 2 torchrun, 4 ranks
-    proc.send_signal(signal.SIGINT)
-    assert proc.wait(120) == 0, log.read_text()[-3000:]
+
+def test_ctrl_c_stops_everything(live):
+    everything = [p.pid for p in process_tree(live.proc.pid)]
+    assert len(everything) >= 10  # ftctl, lighthouse x2, control plane, 2 agents, torchruns, ranks
+    live.proc.send_signal(signal.SIGINT)
+    assert live.proc.wait(120) == 0, live.log.read_text()[-3000:]
     assert not wait_gone(everything, 10), "processes left behind after Ctrl-C"
-    assert "no process left behind" in log.read_text()
+    assert "no process left behind" in live.log.read_text()

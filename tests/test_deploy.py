@@ -1,0 +1,153 @@
+"""Deployment files: compose validated and run as local processes, Kubernetes overlays rendered and validated."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from cluster import REPO, wait_for
+from service.proctree import process_tree, signal_tree, wait_gone
+
+COMPOSE = REPO / "compose.yaml"
+PROJECT_SERVICES = ("lighthouse", "controlplane", "group0", "group1")  # prometheus and grafana are upstream images
+OVERLAYS = ("cpu", "gpu", "servicemonitor")
+
+
+def test_compose_file_follows_the_compose_specification():
+    result = subprocess.run([sys.executable, "-m", "check_jsonschema", "--builtin-schema", "vendor.compose-spec",
+                             str(COMPOSE)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    spec = yaml.safe_load(COMPOSE.read_text())
+    for name, service in spec["services"].items():
+        for port in service.get("ports", []):
+            assert port.startswith("127.0.0.1:"), f"{name} publishes {port} beyond loopback"
+    for name in PROJECT_SERVICES:
+        assert spec["services"][name]["build"]["dockerfile"] == "deploy/Dockerfile"
+    dockerfile = (REPO / "deploy/Dockerfile").read_text()
+    assert "USER ftctl" in dockerfile and "HEALTHCHECK" in dockerfile and "torch==${TORCH_VERSION}" in dockerfile
+    assert re.search(r"ARG TORCH_VERSION=2\.13\.0", dockerfile)
+
+
+def _interpolate(text: str, env: dict[str, str]) -> str:
+    return re.sub(r"\$\{(\w+)(?::-([^}]*))?\}", lambda m: env.get(m.group(1), m.group(2) or ""), text)
+
+
+def local_commands(tmp: Path) -> dict[str, tuple[list[str], dict[str, str]]]:
+    """Each project service's command and environment as a local process: hostnames → loopback,
+    ports as published (the agents' ports are distinct, so they need no remapping), volumes → folders."""
+    spec = yaml.safe_load(COMPOSE.read_text())
+    hosts = "|".join(PROJECT_SERVICES)
+    paths = {"/data": tmp / "data", "/checkpoints": tmp / "checkpoints"}
+    out = {}
+    for name in PROJECT_SERVICES:
+        service = spec["services"][name]
+        mounts = {**paths, "/state": tmp / f"state-{name}"}
+
+        def local(arg: str, previous: str = "") -> str:
+            arg = _interpolate(arg, {})
+            arg = re.sub(rf"//({hosts}):", "//127.0.0.1:", arg)
+            if (re.fullmatch(hosts, arg) and previous != "-m") or arg == "0.0.0.0":
+                return "127.0.0.1"
+            for container, host in mounts.items():
+                arg = re.sub(rf"(?<![\w/]){re.escape(container)}(?=/|\"|$)", str(host), arg)
+            return arg
+
+        env = {k: local(str(v)) for k, v in (service.get("environment") or {}).items()}
+        command = service["command"]
+        argv = [sys.executable if a == "python" else local(a, command[i - 1] if i else "") for i, a in enumerate(command)]
+        out[name] = (argv, env)
+    return out
+
+
+@pytest.fixture
+def compose_processes(tmp_path):
+    started: list[subprocess.Popen] = []
+    yield started, tmp_path
+    for proc in reversed(started):
+        pids = [p.pid for p in process_tree(proc.pid)]
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        for pid in wait_gone(pids, 40):
+            signal_tree(pid, signal.SIGKILL)
+        proc.wait(30)
+
+
+def test_compose_services_run_as_local_processes_and_survive_a_kill_and_rejoin(compose_processes):
+    started, tmp = compose_processes
+    commands = local_commands(tmp)
+    api = httpx.Client(base_url="http://127.0.0.1:8000", timeout=30)
+    for name, (argv, env) in commands.items():
+        with open(tmp / f"{name}.log", "wb") as log:
+            started.append(subprocess.Popen(argv, cwd=REPO, env={**os.environ, **env, "OMP_NUM_THREADS": "1"},
+                                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+        health = {"lighthouse": "http://127.0.0.1:29511/healthz", "controlplane": "http://127.0.0.1:8000/healthz"}.get(name)
+        if health:
+            wait_for(lambda: _ok(health), 60, f"{name} healthy")
+    token = commands["controlplane"][1]["FTCTL_TOKEN"]
+    auth = {"Authorization": f"Bearer {token}"}
+
+    def states():
+        try:
+            return {g["group"]: g["state"] for g in api.get("/api/v1/groups").json()}
+        except (httpx.HTTPError, ValueError):
+            return {}
+
+    wait_for(lambda: states() == {0: "training", 1: "training"}, 300, "both compose groups training")
+    assert api.post("/api/v1/groups/1/kill", headers=auth).status_code == 200
+    killed_at = time.time()
+    wait_for(lambda: [e for e in api.get("/api/v1/events", params={"group": 0, "type": "step", "since": killed_at}).json()["events"]
+                      if e["rank"] == 0 and e["committed"] and e["participants"] == 1], 60, "group 0 training alone")
+    assert states()[1] == "down"
+    assert all(p.poll() is None for p in started), "a service process exited when its group was killed"
+    assert api.post("/api/v1/groups/1/rejoin", headers=auth).status_code == 200
+    wait_for(lambda: states()[1] == "training" and api.get("/api/v1/groups/1").json()["last_heal"]["ts"] > killed_at,
+             300, "group 1 to heal and train again")
+
+
+def _ok(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_kubernetes_overlays_render_and_validate(overlay):
+    import kubernetes_validate
+    from kubernetes_validate.utils import SchemaNotFoundError, latest_version
+
+    if not shutil.which("kubectl"):
+        pytest.fail("kubectl is not installed (it ships with this machine image; .ci/run checks for it)")
+    rendered = subprocess.run(["kubectl", "kustomize", str(REPO / "deploy/k8s/overlays" / overlay)],
+                              capture_output=True, text=True, timeout=120)
+    assert rendered.returncode == 0, rendered.stderr
+    objects = [o for o in yaml.safe_load_all(rendered.stdout) if o]
+    kinds = {o["kind"] for o in objects}
+    assert {"Deployment", "StatefulSet", "Service", "PersistentVolumeClaim", "Secret"} <= kinds
+    for obj in objects:
+        try:
+            kubernetes_validate.validate(obj, latest_version(), strict=True)
+        except SchemaNotFoundError:
+            assert obj["kind"] == "ServiceMonitor", f"no schema for {obj['kind']}"
+    sts = next(o for o in objects if o["kind"] == "StatefulSet")
+    container = sts["spec"]["template"]["spec"]["containers"][0]
+    group_env = next(e for e in container["env"] if e["name"] == "FT_AGENT_GROUP")
+    assert "pod-index" in group_env["valueFrom"]["fieldRef"]["fieldPath"], "group id must come from the pod ordinal"
+    headless = next(o for o in objects if o["kind"] == "Service" and o["metadata"]["name"] == "groups")
+    assert headless["spec"]["clusterIP"] == "None"
+    gpus = container.get("resources", {}).get("limits", {}).get("nvidia.com/gpu")
+    assert (gpus == 8) == (overlay == "gpu")
+    if overlay == "servicemonitor":
+        monitor = next(o for o in objects if o["kind"] == "ServiceMonitor")
+        ports = {p["name"] for o in objects if o["kind"] == "Service" for p in o["spec"]["ports"]}
+        assert {e["port"] for e in monitor["spec"]["endpoints"]} <= ports

@@ -1,0 +1,96 @@
+"""Metrics, Prometheus rules, the dashboard as code, and the page's assets (no live job needed)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+
+import pytest
+from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
+
+from cluster import REPO
+from dashboards.quorum import OUTPUT, panel_queries, render
+from service.controlplane.app import create_app
+from test_controlplane_api import T0, heal, ingest, process, settings, start, step, trainer_event
+
+PROM = REPO / "deploy/prometheus"
+
+
+def promtool(*args: str) -> subprocess.CompletedProcess:
+    if not shutil.which("promtool"):
+        pytest.fail("promtool is not installed: .ci/run installs Debian's prometheus package")
+    return subprocess.run(["promtool", *args], cwd=PROM, capture_output=True, text=True, timeout=120)
+
+
+def test_prometheus_config_and_rules_check_and_their_unit_tests_pass():
+    for args in (("check", "config", "prometheus.yml"), ("check", "rules", "rules.yml"), ("test", "rules", "rules_test.yml")):
+        result = promtool(*args)
+        assert result.returncode == 0, result.stdout + result.stderr
+    alerts = re.findall(r"alert: (\w+)", (PROM / "rules.yml").read_text())
+    tested = set(re.findall(r"alertname: (\w+)", (PROM / "rules_test.yml").read_text()))
+    assert set(alerts) == tested, f"alerts without a promtool test: {set(alerts) - tested}"
+
+
+def test_committed_dashboard_is_exactly_what_the_code_generates():
+    assert OUTPUT.read_text() == render(), "dashboards/quorum.json is stale: run python -m dashboards.quorum"
+    dash = json.loads(OUTPUT.read_text())
+    ids = [p["id"] for p in dash["panels"]]
+    assert len(ids) == len(set(ids)) and all(t["refId"] for p in dash["panels"] for t in p["targets"])
+    assert {v["name"] for v in dash["templating"]["list"]} == {"datasource", "group"}
+    assert {a["name"] for a in dash["annotations"]["list"]} == {"Kills", "Rejoins", "Heals"}
+    titles = " ".join(p["title"] for p in dash["panels"]).lower()
+    for needed in ("quorum id", "participants", "step per group", "lag", "group state", "compute vs waiting", "loss",
+                   "heals", "failed commits", "drill", "goodput"):
+        assert needed in titles, needed
+    assert all("ftctl_" in expr for _, _, expr in panel_queries(dash))
+
+
+def scrape(api: TestClient) -> dict[tuple[str, tuple], float]:
+    text = api.get("/metrics").text
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def test_metrics_follow_the_events(tmp_path):
+    with TestClient(create_app(settings(tmp_path / "control.db"))) as api:
+        ingest(api, 0, [process(0, "started", T0), start(0, T0 + 1), step(0, T0 + 2, 1), step(0, T0 + 3, 2),
+                        trainer_event("fingerprint", 0, T0 + 3, step=2, digest="aa"),
+                        trainer_event("checkpoint", 0, T0 + 3, action="saved", step=2, seconds=0.4, path="x")])
+        ingest(api, 1, [process(1, "started", T0), heal(1, T0 + 2, 1), step(1, T0 + 3, 2),
+                        step(1, T0 + 3.5, 2, committed=False),
+                        trainer_event("commit_failed", 1, T0 + 3.5, step=2, quorum_id=1),
+                        trainer_event("fingerprint", 1, T0 + 3, step=2, digest="aa"),
+                        process(1, "killed", T0 + 4)], dropped=7)
+        m = scrape(api)
+        assert m[("ftctl_group_state", (("group", "1"), ("state", "down")))] == 1
+        assert m[("ftctl_group_state", (("group", "0"), ("state", "training")))] == 1
+        assert m[("ftctl_group_state_code", (("group", "1"),))] == 5
+        assert m[("ftctl_group_up", (("group", "1"),))] == 0 and m[("ftctl_group_up", (("group", "0"),))] == 1
+        assert m[("ftctl_commits_total", (("group", "0"),))] == 2
+        assert m[("ftctl_commit_failures_total", (("group", "1"),))] == 1
+        assert m[("ftctl_heals_total", (("group", "1"),))] == 1 and m[("ftctl_heal_bytes_total", (("group", "1"),))] == 1000
+        assert m[("ftctl_group_exits_total", (("group", "1"), ("reason", "killed")))] == 1
+        assert m[("ftctl_events_dropped", (("group", "1"),))] == 7
+        assert m[("ftctl_fingerprint_mismatch", ())] == 0
+        assert m[("ftctl_checkpoint_last_save_timestamp_seconds", ())] == T0 + 3
+        assert m[("ftctl_step_compute_seconds_count", (("group", "0"),))] == 2
+        ingest(api, 0, [trainer_event("fingerprint", 0, T0 + 5, step=3, digest="aa")])
+        ingest(api, 1, [trainer_event("fingerprint", 1, T0 + 5, step=3, digest="bb")])
+        assert scrape(api)[("ftctl_fingerprint_mismatch", ())] == 1
+        names = {name for name, _ in scrape(api)}
+        assert all(n.startswith("ftctl_") for n in names if not n.startswith(("python_", "process_")))
+
+
+def test_page_and_assets_are_served_locally_with_no_internet_references(tmp_path):
+    with TestClient(create_app(settings(tmp_path / "control.db"))) as api:
+        page = api.get("/")
+        assert page.status_code == 200 and "text/html" in page.headers["content-type"]
+        for asset in re.findall(r'(?:src|href)="(/static/[^"]+)"', page.text):
+            body = api.get(asset)
+            assert body.status_code == 200, asset
+            assert not re.search(r"https?://", body.text), f"{asset} refers to the internet"
+        assert not re.search(r"https?://", page.text)
+        assert api.post("/api/v1/groups/0/kill").status_code == 401, "the page's actions need the token"
