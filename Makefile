@@ -7,23 +7,32 @@ STAMP := $(VENV)/.installed
 GROUPS ?= 2
 NPROC ?= 2
 STEPS ?= 2000
+# Debian packages the tests use: promtool and a real Prometheus, Chromium and its driver.
+SYSTEM_TOOLS := prometheus promtool chromium chromedriver
 
-.PHONY: setup up test bench clean
+.PHONY: setup system-deps up test clean
 
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
+system-deps:
+	@missing=""; for t in $(SYSTEM_TOOLS); do command -v $$t >/dev/null || missing="$$missing $$t"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages for:$$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+	    prometheus chromium chromium-driver >/dev/null; \
+	fi
+
 up: $(STAMP)
 	$(VENV)/bin/ftctl up --groups $(GROUPS) --nproc-per-group $(NPROC) --steps $(STEPS)
 
-test: $(STAMP)
+test: $(STAMP) system-deps
 	$(PY) -m pytest -q
 
 clean:
-	rm -rf $(VENV) ftstate .pytest_cache
+	rm -rf $(VENV) ftstate .pytest_cache test-artifacts

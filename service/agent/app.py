@@ -13,7 +13,7 @@ from pydantic import BaseModel
 from service.agent.config import AgentSettings
 from service.agent.forwarder import EventForwarder
 from service.agent.spare import WarmSpare
-from service.agent.supervisor import GroupSupervisor, StateConflict
+from service.agent.supervisor import GroupCommand, GroupSupervisor, StateConflict
 from service.auth import require_token
 
 
@@ -59,11 +59,11 @@ def create_app(settings: AgentSettings) -> FastAPI:
     def on_process_event(action: str, **fields) -> None:
         forwarder.emit_process(action, **fields)
 
-    spare = WarmSpare(settings.group, settings.nproc_per_group, trainer_args, settings.advertise_host,
-                      settings.run_dir, settings.log_path, settings.spare_respawn_delay_s) if settings.spare else None
-    supervisor = GroupSupervisor(settings.group, settings.nproc_per_group, trainer_args, settings.log_path,
-                                 settings.pid_path, settings.advertise_host, on_process_event,
-                                 settings.stop_timeout_s, settings.auto_rejoin_delay_s, spare)
+    command = GroupCommand(settings.group, settings.nproc_per_group, trainer_args, settings.advertise_host,
+                           settings.log_path)
+    spare = WarmSpare(command, settings.run_dir, settings.spare_respawn_delay_s) if settings.spare else None
+    supervisor = GroupSupervisor(command, settings.pid_path, on_process_event, settings.stop_timeout_s,
+                                 settings.auto_rejoin_delay_s, spare)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):

@@ -13,20 +13,16 @@ import subprocess
 import threading
 from pathlib import Path
 
-from service.agent.supervisor import reap_pidfile, spawn_torchrun, terminate_tree
+from service.agent.supervisor import GroupCommand, reap_pidfile, terminate_tree
 
 log = logging.getLogger("agent.spare")
 
 
 class WarmSpare:
-    def __init__(self, group: int, nproc: int, trainer_args: list[str], master_addr: str | None,
-                 run_dir: Path, log_path: Path, respawn_delay_s: float):
-        self.group = group
-        self.nproc = nproc
-        self.trainer_args = trainer_args
-        self.master_addr = master_addr
+    def __init__(self, command: GroupCommand, run_dir: Path, respawn_delay_s: float):
+        self.command = command
+        self.group = command.group
         self.run_dir = run_dir
-        self.log_path = log_path
         self.respawn_delay_s = respawn_delay_s
         self.proc: subprocess.Popen | None = None
         self.generation = 0
@@ -41,7 +37,7 @@ class WarmSpare:
 
     def _ready_paths(self) -> list[Path]:
         path = self._promote_path()
-        return [path.with_name(f"{path.name}.ready-r{r}") for r in range(self.nproc)]
+        return [path.with_name(f"{path.name}.ready-r{r}") for r in range(self.command.nproc)]
 
     def launch(self) -> None:
         with self._lock:
@@ -51,9 +47,8 @@ class WarmSpare:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             for stale in self.run_dir.glob(f"group{self.group}.promote.*"):
                 stale.unlink(missing_ok=True)
-            args = [*self.trainer_args, "--spare-promote-file", str(self._promote_path())]
-            self.proc = spawn_torchrun(self.nproc, args, self.master_addr, self.log_path,
-                                       f"starting a warm spare of group {self.group}")
+            self.proc = self.command.spawn(f"starting a warm spare of group {self.group}",
+                                           ("--spare-promote-file", str(self._promote_path())))
             self.pid_path.write_text(str(self.proc.pid))
         log.info("group %d: warm spare %d starting (pid %d)", self.group, self.generation, self.proc.pid)
 

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Literal
 
@@ -24,15 +25,25 @@ class StateConflict(Exception):
     """The command does not fit the group's state (kill while down, start while running)."""
 
 
-def spawn_torchrun(nproc: int, trainer_args: list[str], master_addr: str | None, log_path: Path,
-                   banner: str) -> subprocess.Popen:
-    """torchrun for one group in a session of its own, its output appended to ``log_path``."""
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "ab") as out:
-        out.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {banner}\n".encode())
-        out.flush()
-        return subprocess.Popen(torchrun_argv(nproc, trainer_args, master_addr), env=torchrun_env(),
-                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+@dataclass(frozen=True)
+class GroupCommand:
+    """How to start one group's torchrun: shared by the group itself and its warm spare."""
+
+    group: int
+    nproc: int
+    trainer_args: list[str]
+    master_addr: str | None
+    log_path: Path
+
+    def spawn(self, banner: str, extra_args: tuple[str, ...] = ()) -> subprocess.Popen:
+        """torchrun in a session of its own, its output appended to the group's log."""
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        argv = torchrun_argv(self.nproc, [*self.trainer_args, *extra_args], self.master_addr)
+        with open(self.log_path, "ab") as out:
+            out.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {banner}\n".encode())
+            out.flush()
+            return subprocess.Popen(argv, env=torchrun_env(), stdout=out, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
 
 
 def reap_pidfile(pid_path: Path) -> list[int]:
@@ -61,15 +72,11 @@ def terminate_tree(proc: subprocess.Popen, timeout_s: float) -> None:
 
 
 class GroupSupervisor:
-    def __init__(self, group: int, nproc: int, trainer_args: list[str], log_path: Path, pid_path: Path,
-                 master_addr: str | None, on_event: Callable[..., None], stop_timeout_s: float,
+    def __init__(self, command: GroupCommand, pid_path: Path, on_event: Callable[..., None], stop_timeout_s: float,
                  auto_rejoin_delay_s: float | None, spare: "WarmSpare | None" = None):
-        self.group = group
-        self.nproc = nproc
-        self.trainer_args = trainer_args
-        self.log_path = log_path
+        self.command = command
+        self.group = command.group
         self.pid_path = pid_path
-        self.master_addr = master_addr
         self.on_event = on_event
         self.stop_timeout_s = stop_timeout_s
         self.auto_rejoin_delay_s = auto_rejoin_delay_s
@@ -105,8 +112,7 @@ class GroupSupervisor:
             if promoted is not None:
                 self.proc, detail = promoted
             else:
-                self.proc = spawn_torchrun(self.nproc, self.trainer_args, self.master_addr, self.log_path,
-                                           f"starting group {self.group}")
+                self.proc = self.command.spawn(f"starting group {self.group}")
                 detail = "cold start"
             self.pid_path.parent.mkdir(parents=True, exist_ok=True)
             self.pid_path.write_text(str(self.proc.pid))
@@ -120,19 +126,28 @@ class GroupSupervisor:
         return proc.pid
 
     def _watch(self, proc: subprocess.Popen) -> None:
+        """Report exits nobody asked for; kill() and stop() report their own, before returning,
+        so a command that follows them (a rejoin) is always ordered after the exit."""
         code = proc.wait()
         with self._lock:
-            intent = self._intent
-        kind: ExitKind = intent or ("finished" if code == 0 else "crashed")
+            if self._intent is not None or proc is not self.proc:
+                return
+        self._exited(proc, "finished" if code == 0 else "crashed")
+
+    def _exited(self, proc: subprocess.Popen, kind: ExitKind) -> None:
+        code = proc.wait()
         self.last_exit = {"kind": kind, "returncode": code, "ts": time.time()}
         log.info("group %d %s (exit code %s)", self.group, kind, code)
         self.on_event(kind, pid=proc.pid, returncode=code)
         if kind in ("killed", "crashed") and self.auto_rejoin_delay_s is not None:
-            if not self._shutdown.wait(self.auto_rejoin_delay_s):
-                try:
-                    self.start()
-                except StateConflict:
-                    pass
+            threading.Thread(target=self._auto_rejoin, name=f"auto-rejoin-{self.group}", daemon=True).start()
+
+    def _auto_rejoin(self) -> None:
+        if not self._shutdown.wait(self.auto_rejoin_delay_s):
+            try:
+                self.start()
+            except StateConflict:
+                pass  # somebody rejoined it already
 
     def kill(self) -> list[int]:
         """SIGKILL the whole tree at once (torchrun and every rank), like losing the node."""
@@ -140,8 +155,10 @@ class GroupSupervisor:
             if not self.running:
                 raise StateConflict(f"group {self.group} is not running")
             self._intent = "killed"
-            pids = signal_tree(self.proc.pid, signal.SIGKILL)
+            proc = self.proc
+            pids = signal_tree(proc.pid, signal.SIGKILL)
         wait_gone(pids, 10)
+        self._exited(proc, "killed")
         return pids
 
     def stop(self) -> None:
@@ -152,6 +169,7 @@ class GroupSupervisor:
             self._intent = "stopped"
             proc = self.proc
         terminate_tree(proc, self.stop_timeout_s)
+        self._exited(proc, "stopped")
 
     def shutdown(self) -> None:
         self._shutdown.set()

@@ -123,16 +123,14 @@ class ChaosRun:
         while (now := time.time()) < end:
             for when, group in [x for x in rejoins if x[0] <= now]:
                 rejoins.remove((when, group))
-                await self.command(group, "rejoin")
-                self.hub.force(group, "starting", None)
-                self.open[group].rejoined_at = time.time()
+                await self._rejoin(group)
             if now >= next_kill:
                 alive = [g for g, v in self.hub.views.items() if v.state == "training" and g not in self.open]
                 if len(alive) >= 2:  # never kill the last training group: that is a restart, not chaos
                     victim = rng.choice(alive)
                     killed_at = time.time()
                     await self.command(victim, "kill")
-                    self.hub.force(victim, "down", "killed")
+                    self.hub.force(victim, "down", "killed", since=killed_at)
                     kill = ChaosKill(group=victim, killed_at=killed_at)
                     self.r.kills.append(kill)
                     self.open[victim] = kill
@@ -142,10 +140,14 @@ class ChaosRun:
             await asyncio.sleep(0.1)
         self.r.chaos_rate = (self.batches - start_batches) / (time.time() - start)
         self.r.goodput = self.r.chaos_rate / self.r.baseline_rate if self.r.baseline_rate else None
-        for when, group in rejoins:  # groups still down at the end come back, unmeasured
-            await self.command(group, "rejoin")
-            self.hub.force(group, "starting", None)
-            self.open[group].rejoined_at = time.time()
+        for _, group in rejoins:  # groups still down at the end come back too
+            await self._rejoin(group)
+
+    async def _rejoin(self, group: int) -> None:
+        sent = time.time()
+        await self.command(group, "rejoin")
+        self.hub.force(group, "starting", None, since=sent)
+        self.open[group].rejoined_at = sent
 
     async def _settle(self, timeout_s: float = 120.0) -> None:
         """Wait for the last heals, then add up the time lost per term."""

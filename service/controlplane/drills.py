@@ -109,7 +109,7 @@ class DrillRunner:
         r.phase = "kill"
         r.killed_at = time.time()
         await self.agents.command(g, "kill")
-        self.hub.force(g, "down", "killed")
+        self.hub.force(g, "down", "killed", since=r.killed_at)
         self._save(drill_id, r)
 
         r.phase = "survivors"
@@ -137,7 +137,7 @@ class DrillRunner:
         r.phase = "rejoin"
         r.rejoined_at = time.time()
         await self.agents.command(g, "rejoin")
-        self.hub.force(g, "starting", None)
+        self.hub.force(g, "starting", None, since=r.rejoined_at)
         self._save(drill_id, r)
 
         r.phase = "heal"

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
-from typing import Awaitable, Callable
+from typing import Callable
 
 from pydantic import ValidationError
 
@@ -65,9 +64,13 @@ class Hub:
             self._publish(event)
         return len(accepted), rejected
 
-    def force(self, group: int, state: str, reason: str | None) -> Transition:
-        """A transition the control plane itself decided (it just killed or rejoined the group)."""
-        transition = Transition(state, reason, time.time())
+    def force(self, group: int, state: str, reason: str | None, since: float) -> Transition:
+        """A transition the control plane itself decided (it just killed or rejoined the group).
+
+        ``since`` is when the command was sent, not when the agent answered: the group's own
+        events (a promoted spare's start, say) can precede the answer and must not look stale.
+        """
+        transition = Transition(state, reason, since)
         self.views[group].apply(transition)
         self.store.add_transition(group, state, reason, transition.ts)
         return transition

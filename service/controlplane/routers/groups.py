@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import time
+
 from fastapi import APIRouter, Depends, HTTPException
 
 from service.controlplane.deps import Services, group_out, group_view, services
@@ -35,8 +37,9 @@ async def kill_group(view: GroupView = Depends(group_view), s: Services = Depend
         raise HTTPException(409, f"group {view.group} is already down ({view.transition.reason}); rejoin it first")
     if s.drills.running:
         raise HTTPException(409, f"drill {s.drills.current_id} is running; it controls the groups until it ends")
+    sent = time.time()
     agent = await s.agents.command(view.group, "kill")
-    s.hub.force(view.group, "down", "killed")
+    s.hub.force(view.group, "down", "killed", since=sent)
     return CommandOut(group=view.group, action="kill", group_state=group_out(view), agent=agent)
 
 
@@ -47,6 +50,7 @@ async def rejoin_group(view: GroupView = Depends(group_view), s: Services = Depe
         raise HTTPException(409, f"group {view.group} is {view.state}, not down; only a down group can rejoin")
     if s.drills.running:
         raise HTTPException(409, f"drill {s.drills.current_id} is running; it controls the groups until it ends")
+    sent = time.time()
     agent = await s.agents.command(view.group, "rejoin")
-    s.hub.force(view.group, "starting", None)
+    s.hub.force(view.group, "starting", None, since=sent)
     return CommandOut(group=view.group, action="rejoin", group_state=group_out(view), agent=agent)
