@@ -10,7 +10,8 @@ class LighthouseSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="FT_LIGHTHOUSE_", cli_kebab_case=True,
                                       cli_prog_name="python -m lighthouse", extra="ignore")
 
-    bind: str = Field("[::]:29510", description="where torchft's Lighthouse listens (gRPC + its HTML pages)")
+    bind: str = Field("127.0.0.1:29510", description="where torchft's Lighthouse listens (gRPC + its HTML "
+                      "pages); [::]:29510 to reach it from other machines")
     min_replicas: int = Field(1, ge=1, description="fewest replica groups that form a quorum")
     join_timeout_ms: int = Field(
         1000, ge=0,

@@ -66,6 +66,11 @@ class Cluster:
         self.agent_ports = {g: free_port() for g in range(cfg.groups)}
 
     @property
+    def bind_host(self) -> str:
+        """Loopback unless the control plane was told to listen beyond it."""
+        return "127.0.0.1" if self.cfg.host in ("127.0.0.1", "localhost") else "[::]"
+
+    @property
     def lighthouse_url(self) -> str:
         return f"http://127.0.0.1:{self.cfg.lighthouse_port}"
 
@@ -120,7 +125,7 @@ class Cluster:
         cfg, py = self.cfg, sys.executable
         cfg.state_dir.mkdir(parents=True, exist_ok=True)
         lighthouse = self._spawn("lighthouse", [
-            py, "-m", "lighthouse", "--bind", f"[::]:{cfg.lighthouse_port}",
+            py, "-m", "lighthouse", "--bind", f"{self.bind_host}:{cfg.lighthouse_port}",
             "--min-replicas", str(cfg.min_replicas), "--heartbeat-timeout-ms", str(cfg.heartbeat_timeout_ms),
             "--api-port", str(self.lighthouse_api_port)])
         self._wait_http(lighthouse, f"{self.lighthouse_api}/healthz")

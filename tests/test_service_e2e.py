@@ -142,8 +142,8 @@ def test_rest_kill_and_rejoin_promotes_the_warm_spare(live):
              240, "group 0 to heal and train again")
     states = [t["state"] for t in api.get("/api/v1/groups/0").json()["transitions"]]
     assert states[-5:] == ["down", "starting", "joining", "healing", "training"]
-    started = api.get("/api/v1/events", params={"group": 0, "type": "process", "since": rejoined_at - 1}).json()["events"]
-    assert started[0]["action"] == "started" and started[0]["detail"] == "promoted warm spare (ready)"
+    process = api.get("/api/v1/events", params={"group": 0, "type": "process", "since": killed_at}).json()["events"]
+    assert [(e["action"], e["detail"]) for e in process] == [("killed", None), ("started", "promoted warm spare (ready)")]
     start = api.get("/api/v1/events", params={"group": 0, "type": "start", "since": rejoined_at - 1}).json()["events"][0]
     assert start["spare_wait_s"] > 0
 
