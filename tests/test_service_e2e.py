@@ -123,10 +123,10 @@ def test_rest_kill_and_rejoin_promotes_the_warm_spare(live):
     assert all(m["state"] == "training" for m in quorum["members"])
     wait_for(lambda: api.get("/api/v1/groups/0/agent").json()["spare"] == "ready", 240, "group 0's warm spare")
 
+    killed_at = time.time()
     killed = api.post("/api/v1/groups/0/kill", headers=AUTH)
     assert killed.status_code == 200, killed.text
     assert killed.json()["group_state"]["state"] == "down"
-    killed_at = time.time()
 
     def survivor_alone():
         events = api.get("/api/v1/events", params={"group": 1, "type": "step", "since": killed_at, "limit": 1000}).json()
