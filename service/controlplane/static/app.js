@@ -70,9 +70,10 @@ function chart(svg, data, fmt) {
   const sx = (x) => 40 + (560 * (x - x0)) / Math.max(1, x1 - x0);
   const sy = (y) => 205 - (190 * (y - y0)) / Math.max(1e-9, y1 - y0);
   let out = `<line class="axis" x1="40" y1="205" x2="600" y2="205"/><text x="0" y="15">${fmt(y1)}</text>` +
-    `<text x="0" y="205">${fmt(y0)}</text><text x="560" y="218">step ${x1}</text>`;
+    `<text x="0" y="205">${fmt(y0)}</text><text x="600" y="218" text-anchor="end">step ${x1}</text>`;
   for (const [group, pts] of lines) {
-    const d = pts.map((p, i) => `${i ? "L" : "M"}${sx(p[0]).toFixed(1)},${sy(p[1]).toFixed(1)}`).join("");
+    // a gap in steps is time the group was down: the line breaks there
+    const d = pts.map((p, i) => `${i && p[0] - pts[i - 1][0] <= 1 ? "L" : "M"}${sx(p[0]).toFixed(1)},${sy(p[1]).toFixed(1)}`).join("");
     out += `<path d="${d}" fill="none" stroke="${COLORS[group % COLORS.length]}" stroke-width="2"/>` +
       `<text x="${sx(pts.at(-1)[0]) - 30}" y="${sy(pts.at(-1)[1]) - 6}">g${group}</text>`;
   }
