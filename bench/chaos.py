@@ -17,13 +17,6 @@ from pathlib import Path
 from bench.common import Up
 
 
-def wait_drill(up: Up, drill: dict) -> dict:
-    while drill["status"] == "running":
-        time.sleep(1)
-        drill = up.api.get(f"/api/v1/drills/{drill['id']}").json()
-    return drill
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--groups", type=int, default=2)
@@ -40,13 +33,12 @@ def main() -> None:
             ["--fingerprint-every=5"], spares=args.groups if args.spares else 0)
     try:
         up.wait_training()
-        heal = wait_drill(up, up.api.post("/api/v1/drills", json={"kind": "kill-heal", "group": args.groups - 1}).json())
+        heal = up.drill({"kind": "kill-heal", "group": args.groups - 1})
         while {g["state"] for g in up.api.get("/api/v1/groups").json()} != {"training"}:
             time.sleep(1)
         time.sleep(15)
-        chaos = wait_drill(up, up.api.post("/api/v1/drills", json={
-            "kind": "chaos", "mtbf_s": args.mtbf, "duration_s": args.duration, "seed": args.seed,
-            "rejoin_delay_s": args.rejoin_delay, "baseline_s": args.baseline}).json())
+        chaos = up.drill({"kind": "chaos", "mtbf_s": args.mtbf, "duration_s": args.duration, "seed": args.seed,
+                          "rejoin_delay_s": args.rejoin_delay, "baseline_s": args.baseline}, poll_s=1.0)
         goodput = up.api.get("/api/v1/goodput").json()
     finally:
         up.stop()

@@ -56,6 +56,14 @@ class Up:
             time.sleep(0.5)
         raise TimeoutError("groups did not all reach training")
 
+    def drill(self, body: dict, poll_s: float = 0.5) -> dict:
+        """Start a drill and wait for its report."""
+        drill = self.api.post("/api/v1/drills", json=body).json()
+        while drill["status"] == "running":
+            time.sleep(poll_s)
+            drill = self.api.get(f"/api/v1/drills/{drill['id']}").json()
+        return drill
+
     def stop(self) -> None:
         pids = [p.pid for p in process_tree(self.proc.pid)]
         self.proc.send_signal(signal.SIGINT)

@@ -28,10 +28,7 @@ def run(args) -> dict:
         up.wait_training()
         for i in range(args.repeats):
             time.sleep(args.settle_s)
-            drill = up.api.post("/api/v1/drills", json={"kind": "kill-heal", "group": args.group}).json()
-            while drill["status"] == "running":
-                time.sleep(0.5)
-                drill = up.api.get(f"/api/v1/drills/{drill['id']}").json()
+            drill = up.drill({"kind": "kill-heal", "group": args.group})
             r = drill["report"]
             starts = [e for e in up.api.get("/api/v1/events", params={
                 "group": args.group, "type": "start", "since": r.get("rejoined_at") or 0, "limit": 100}).json()["events"]]

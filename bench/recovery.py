@@ -37,10 +37,7 @@ def torchft_runs(args, trainer_args: list[str]) -> list[dict]:
             time.sleep(args.settle_s)
             while args.spares and up.api.get(f"/api/v1/groups/{victim}/agent").json()["spare"] != "ready":
                 time.sleep(1)  # measure promotion of a READY spare, as in production between failures
-            drill = up.api.post("/api/v1/drills", json={"kind": "kill-heal", "group": victim}).json()
-            while drill["status"] == "running":
-                time.sleep(0.3)
-                drill = up.api.get(f"/api/v1/drills/{drill['id']}").json()
+            drill = up.drill({"kind": "kill-heal", "group": victim}, poll_s=0.3)
             r = drill["report"]
             if drill["status"] == "done":
                 runs.append({"survivors_resume_s": r["survivors_resume_s"], "steps_lost": r["survivors_steps_lost"],

@@ -53,7 +53,7 @@ def local_commands(tmp: Path) -> dict[str, tuple[list[str], dict[str, str]]]:
         service = spec["services"][name]
         mounts = {**paths, "/state": tmp / f"state-{name}"}
 
-        def local(arg: str, previous: str = "") -> str:
+        def local(arg: str, previous: str = "", mounts: dict[str, Path] = mounts) -> str:
             arg = _interpolate(arg, {})
             arg = re.sub(rf"//({hosts}):", "//127.0.0.1:", arg)
             if (re.fullmatch(hosts, arg) and previous != "-m") or arg == "0.0.0.0":
@@ -92,7 +92,7 @@ def test_compose_services_run_as_local_processes_and_survive_a_kill_and_rejoin(c
                                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
         health = {"lighthouse": "http://127.0.0.1:29511/healthz", "controlplane": "http://127.0.0.1:8000/healthz"}.get(name)
         if health:
-            wait_for(lambda: _ok(health), 60, f"{name} healthy")
+            wait_for(lambda url=health: _ok(url), 60, f"{name} healthy")
     token = commands["controlplane"][1]["FTCTL_TOKEN"]
     auth = {"Authorization": f"Bearer {token}"}
 

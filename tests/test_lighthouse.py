@@ -6,7 +6,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from datetime import timedelta
 
 import httpx
