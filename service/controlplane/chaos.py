@@ -128,13 +128,13 @@ class ChaosRun:
                 alive = [g for g, v in self.hub.views.items() if v.state == "training" and g not in self.open]
                 if len(alive) >= 2:  # never kill the last training group: that is a restart, not chaos
                     victim = rng.choice(alive)
-                    killed_at = time.time()
-                    await self.command(victim, "kill")
-                    self.hub.force(victim, "down", "killed", since=killed_at)
-                    kill = ChaosKill(group=victim, killed_at=killed_at)
-                    self.r.kills.append(kill)
+                    # registered before the command: the survivors' reaction can arrive while it runs
+                    kill = ChaosKill(group=victim, killed_at=time.time())
                     self.open[victim] = kill
-                    rejoins.append((killed_at + self.r.rejoin_delay_s, victim))
+                    await self.command(victim, "kill")
+                    self.hub.force(victim, "down", "killed", since=kill.killed_at)
+                    self.r.kills.append(kill)
+                    rejoins.append((kill.killed_at + self.r.rejoin_delay_s, victim))
                     self.save()
                 next_kill = now + rng.expovariate(1.0 / self.r.mtbf_s)
             await asyncio.sleep(0.1)
@@ -144,10 +144,9 @@ class ChaosRun:
             await self._rejoin(group)
 
     async def _rejoin(self, group: int) -> None:
-        sent = time.time()
+        self.open[group].rejoined_at = time.time()  # before the command, as for kills
         await self.command(group, "rejoin")
-        self.hub.force(group, "starting", None, since=sent)
-        self.open[group].rejoined_at = sent
+        self.hub.force(group, "starting", None, since=self.open[group].rejoined_at)
 
     async def _settle(self, timeout_s: float = 120.0) -> None:
         """Wait for the last heals, then add up the time lost per term."""
