@@ -45,12 +45,19 @@ class WarmSpare:
                 return
             self.generation += 1
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            for stale in self.run_dir.glob(f"group{self.group}.promote.*"):
-                stale.unlink(missing_ok=True)
+            # the spare promoted last may still be starting and must still find its file
+            self.clean(keep_from=self.generation - 1)
             self.proc = self.command.spawn(f"starting a warm spare of group {self.group}",
                                            ("--spare-promote-file", str(self._promote_path())))
             self.pid_path.write_text(str(self.proc.pid))
         log.info("group %d: warm spare %d starting (pid %d)", self.group, self.generation, self.proc.pid)
+
+    def clean(self, keep_from: int) -> None:
+        """Delete the promotion and readiness files of generations before ``keep_from``."""
+        for path in self.run_dir.glob(f"group{self.group}.promote.*"):
+            generation = path.name.split(".")[2]
+            if not generation.isdigit() or int(generation) < keep_from:
+                path.unlink(missing_ok=True)
 
     def state(self) -> str | None:
         """None (no spare), "starting" or "ready"."""
@@ -80,7 +87,11 @@ class WarmSpare:
         threading.Thread(target=later, name=f"spare-{self.group}", daemon=True).start()
 
     def reap(self) -> list[int]:
-        return reap_pidfile(self.pid_path)
+        """At agent start: kill a spare a dead agent left, and forget its files."""
+        pids = reap_pidfile(self.pid_path)
+        if self.run_dir.is_dir():
+            self.clean(keep_from=self.generation + 1)
+        return pids
 
     def stop(self) -> None:
         with self._lock:
