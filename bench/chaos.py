@@ -8,19 +8,16 @@ the chaos drill, and prints the chaos report and the ledger's answers at 1,024 a
 
 from __future__ import annotations
 
-import argparse
 import json
 import tempfile
 import time
 from pathlib import Path
 
-from bench.common import Up
+from bench.common import Up, job_parser
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--groups", type=int, default=2)
-    parser.add_argument("--nproc", type=int, default=2)
+    parser = job_parser(__doc__)
     parser.add_argument("--mtbf", type=float, default=30.0)
     parser.add_argument("--duration", type=float, default=300.0)
     parser.add_argument("--seed", type=int, default=1)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import signal
 import statistics
@@ -17,6 +18,14 @@ from trainer.launch import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 TOKEN = "bench-token"
+
+
+def job_parser(doc: str | None) -> argparse.ArgumentParser:
+    """Every benchmark's parser: its docstring as help, and the job's shape."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--groups", type=int, default=2, help="replica groups")
+    parser.add_argument("--nproc", type=int, default=2, help="ranks per group")
+    return parser
 
 
 def spread(values: list[float]) -> str:

@@ -8,14 +8,13 @@ from their `start` events), and writes JSON with every run.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
-from bench.common import Up, spread
+from bench.common import Up, job_parser, spread
 
 
 def run(args) -> dict:
@@ -64,10 +63,8 @@ def summarize(result: dict) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = job_parser(__doc__)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--groups", type=int, default=2)
-    parser.add_argument("--nproc", type=int, default=2)
     parser.add_argument("--group", type=int, default=1, help="the group to kill")
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--batch-size", type=int, default=4)

@@ -10,12 +10,12 @@ optimizer, and waiting on the cross-group all-reduce, which includes the async q
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import tempfile
 from pathlib import Path
 
 from bench.classic import ClassicJob
+from bench.common import job_parser
 from bench.step_time import measure
 
 
@@ -32,9 +32,7 @@ def classic_step_time(groups: int, nproc: int, steps: int, warmup: int, extra: l
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--groups", type=int, default=2)
-    parser.add_argument("--nproc", type=int, default=2)
+    parser = job_parser(__doc__)
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--trainer-arg", action="append", default=[])

@@ -14,7 +14,6 @@ Prints a table with medians and the ratios, and writes JSON.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import tempfile
@@ -22,7 +21,7 @@ import time
 from pathlib import Path
 
 from bench.classic import ClassicJob
-from bench.common import Up, spread
+from bench.common import Up, job_parser, spread
 
 
 def torchft_runs(args, trainer_args: list[str]) -> list[dict]:
@@ -84,10 +83,8 @@ def classic_runs(args, trainer_args: list[str]) -> list[dict]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = job_parser(__doc__)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--groups", type=int, default=2)
-    parser.add_argument("--nproc", type=int, default=2)
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--checkpoint-every", type=int, default=10, help="classic path: DCP checkpoint interval C")

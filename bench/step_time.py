@@ -8,13 +8,12 @@ API and reports medians of step, compute and all-reduce time, skipping warm-up s
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
-from bench.common import Up
+from bench.common import Up, job_parser
 
 
 def measure(groups: int, nproc: int, steps: int, warmup: int, extra: list[str]) -> dict:
@@ -35,9 +34,7 @@ def measure(groups: int, nproc: int, steps: int, warmup: int, extra: list[str]) 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--groups", type=int, default=2)
-    parser.add_argument("--nproc", type=int, default=2)
+    parser = job_parser(__doc__)
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--trainer-arg", action="append", default=[])

@@ -7,7 +7,6 @@ counted) when it is full.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -85,7 +84,7 @@ class EventForwarder:
                     continue
                 if event.type == "step" and event.rank == 0 and event.committed:
                     self.last_step = event.step
-                self.push(json.loads(line))
+                self.push(event.model_dump())
 
     def _ship(self) -> None:
         if not self.control_plane:
