@@ -1,10 +1,12 @@
 """This service's recovery against the classic path, side by side, on the same job.
 
-    python -m bench.recovery --repeats 3 [--spares]
+    python -m bench.recovery --repeats 3 [--spares [--failover]]
 
 torchft path (`ftctl up`, G groups × K ranks): the kill-heal drill R times: kill → survivors'
 next commit, survivor steps lost, rejoin → healed commit, heal bytes, and kill → all groups
-training again (the rejoin is issued as soon as the survivors commit).
+training again. The drill rejoins the group as soon as the survivors commit; with --failover
+the agents restart a killed group at once (`--auto-rejoin-delay 0`), which with a warm spare
+promotes it into the survivors' next quorum.
 
 Classic path (bench/classic_trainer.py: one torchrun job of G·K ranks, HSDP through FSDP2's
 2-D mesh, DCP checkpoint every C steps, --max-restarts): SIGKILL one rank R times; kill → the
@@ -27,7 +29,7 @@ from bench.common import Up, job_parser, spread
 def torchft_runs(args, trainer_args: list[str]) -> list[dict]:
     state = Path(tempfile.mkdtemp(prefix="ftbench-")) / "state"
     up = Up(state, args.groups, args.nproc, [*trainer_args, "--fingerprint-every=5"],
-            spares=args.groups if args.spares else 0)
+            spares=args.groups if args.spares else 0, auto_rejoin_delay_s=0.0 if args.failover else None)
     runs = []
     try:
         up.wait_training()
@@ -41,7 +43,7 @@ def torchft_runs(args, trainer_args: list[str]) -> list[dict]:
             if drill["status"] == "done":
                 runs.append({"survivors_resume_s": r["survivors_resume_s"], "steps_lost": r["survivors_steps_lost"],
                              "rejoin_to_healed_commit_s": r["rejoin_to_healed_commit_s"],
-                             "kill_to_full_s": r["healed_commit_at"] - r["killed_at"], "heal_bytes": r["heal_bytes"],
+                             "kill_to_full_s": r["kill_to_full_s"], "heal_bytes": r["heal_bytes"],
                              "detect_s": r["detect_s"], "fingerprints_equal": r["fingerprints_equal"]})
             print(f"torchft run {i + 1}: {drill['status']} {runs[-1] if runs else drill.get('error')}", flush=True)
     finally:
@@ -89,6 +91,8 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--checkpoint-every", type=int, default=10, help="classic path: DCP checkpoint interval C")
     parser.add_argument("--spares", action="store_true", help="torchft path with a warm spare per group")
+    parser.add_argument("--failover", action="store_true",
+                        help="agents restart a killed group at once (--auto-rejoin-delay 0) instead of the drill later")
     parser.add_argument("--settle-s", type=float, default=8.0)
     parser.add_argument("--paths", default="torchft,classic", help="which paths to run (comma-separated)")
     parser.add_argument("--out", type=Path, default=Path("bench-recovery.json"))
@@ -104,7 +108,8 @@ def main() -> None:
         return [r[key] for r in rows if r.get(key) is not None]
 
     print(f"\nrecovery, {args.groups} groups × {args.nproc} ranks, debugmodel, seq {args.seq_len}, "
-          f"batch {args.batch_size}/group, heartbeat timeout 1 s, spares {'on' if args.spares else 'off'}; medians")
+          f"batch {args.batch_size}/group, heartbeat timeout 1 s, spares {'on' if args.spares else 'off'}, "
+          f"rejoin {'by the agent at once' if args.failover else 'by the drill after the survivors commit'}; medians")
     print(f"{'':38} {'this service':>34} {'classic (torchrun restart)':>34}")
     print(f"{'kill → survivors commit again (s)':38} {spread(col(ft, 'survivors_resume_s')):>34} {'(all ranks restart)':>34}")
     print(f"{'rejoin → healed commit (s)':38} {spread(col(ft, 'rejoin_to_healed_commit_s')):>34} {'-':>34}")

@@ -4,8 +4,9 @@ Goodput here is measured, not modelled: committed replica-batches per second dur
 chaos window against the failure-free rate measured just before it in the same run. The time
 lost is split per kill into detection (kill → a survivor's quorum changed), restart (rejoin
 → the group's ranks are up), heal (ranks up → first committed step after the heal),
-rollback (survivor steps that did not commit, at the median step time) and the configured
-wait before the rejoin.
+rollback (survivor steps that did not commit, at the median step time) and the wait before
+the rejoin: the drill's delay, or less when the agents restart killed groups themselves
+(``ftctl up --auto-rejoin-delay``; with a warm spare that is a fail-over within a step or two).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import statistics
 import time
 from typing import Awaitable, Callable
 
+from fastapi import HTTPException
 from pydantic import BaseModel, Field
 
 from service.controlplane.hub import Hub
@@ -63,6 +65,10 @@ class ChaosRun:
         self.open: dict[int, ChaosKill] = {}
 
     def _observe(self, e: dict) -> None:
+        if e["type"] == "process" and e["action"] == "started":
+            kill = self.open.get(e["group"])
+            if kill is not None and kill.rejoined_at is None and e["ts"] >= kill.killed_at:
+                kill.rejoined_at = e["ts"]  # its agent restarted it by itself (--auto-rejoin-delay)
         if e.get("rank") != 0:
             return
         if e["type"] == "step" and e["committed"]:
@@ -73,7 +79,7 @@ class ChaosRun:
                 if e["type"] == "torchft" and e["logger"] == "torchft_quorums" and kill.detected_at is None \
                         and e["ts"] >= kill.killed_at:
                     kill.detected_at = e["ts"]
-                elif e["type"] == "commit_failed" and e["ts"] >= kill.killed_at and kill.rejoined_at is None:
+                elif e["type"] == "commit_failed" and e["ts"] >= kill.killed_at:
                     kill.survivor_steps_lost += 1
             elif kill.rejoined_at is not None and e["ts"] >= kill.rejoined_at:
                 if e["type"] == "start" and kill.started_at is None:
@@ -119,11 +125,11 @@ class ChaosRun:
         start_batches, start = self.batches, time.time()
         end = start + self.r.duration_s
         next_kill = start + rng.expovariate(1.0 / self.r.mtbf_s)
-        rejoins: list[tuple[float, int]] = []
+        rejoins: list[tuple[float, ChaosKill]] = []
         while (now := time.time()) < end:
-            for when, group in [x for x in rejoins if x[0] <= now]:
-                rejoins.remove((when, group))
-                await self._rejoin(group)
+            for when, kill in [x for x in rejoins if x[0] <= now]:
+                rejoins.remove((when, kill))
+                await self._rejoin(kill)
             if now >= next_kill:
                 alive = [g for g, v in self.hub.views.items() if v.state == "training" and g not in self.open]
                 if len(alive) >= 2:  # never kill the last training group: that is a restart, not chaos
@@ -134,19 +140,28 @@ class ChaosRun:
                     await self.command(victim, "kill")
                     self.hub.force(victim, "down", "killed", since=kill.killed_at)
                     self.r.kills.append(kill)
-                    rejoins.append((kill.killed_at + self.r.rejoin_delay_s, victim))
+                    rejoins.append((kill.killed_at + self.r.rejoin_delay_s, kill))
                     self.save()
                 next_kill = now + rng.expovariate(1.0 / self.r.mtbf_s)
             await asyncio.sleep(0.1)
         self.r.chaos_rate = (self.batches - start_batches) / (time.time() - start)
         self.r.goodput = self.r.chaos_rate / self.r.baseline_rate if self.r.baseline_rate else None
-        for _, group in rejoins:  # groups still down at the end come back too
-            await self._rejoin(group)
+        for _, kill in rejoins:  # groups still down at the end come back too
+            await self._rejoin(kill)
 
-    async def _rejoin(self, group: int) -> None:
-        self.open[group].rejoined_at = time.time()  # before the command, as for kills
-        await self.command(group, "rejoin")
-        self.hub.force(group, "starting", None, since=self.open[group].rejoined_at)
+    async def _rejoin(self, kill: ChaosKill) -> None:
+        """Rejoin a killed group, unless its agent has restarted it already."""
+        if kill.rejoined_at is not None:
+            return
+        kill.rejoined_at = time.time()  # before the command, as for kills
+        try:
+            await self.command(kill.group, "rejoin")
+        except HTTPException as err:
+            if err.status_code != 409:
+                raise
+            kill.rejoined_at = None  # its agent restarted it at this moment: its process event tells when
+            return
+        self.hub.force(kill.group, "starting", None, since=kill.rejoined_at)
 
     async def _settle(self, timeout_s: float = 120.0) -> None:
         """Wait for the last heals, then add up the time lost per term."""
@@ -163,5 +178,5 @@ class ChaosRun:
             "restart": sum(k.restart_s for k in measured),
             "heal": sum(k.heal_s for k in measured),
             "rollback": sum(k.survivor_steps_lost for k in self.r.kills) * step_s,
-            "waiting_to_rejoin": self.r.rejoin_delay_s * len(self.r.kills),
+            "waiting_to_rejoin": sum(k.rejoined_at - k.killed_at for k in measured),
         }

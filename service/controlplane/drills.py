@@ -105,6 +105,7 @@ class DrillRunner:
 
     async def _run_phases(self, drill_id: int, r: KillHealReport, queue: asyncio.Queue, timeout_s: float) -> None:
         g, survivors = r.group, set(r.survivors)
+        quorum_before = {s: self.hub.views[s].quorum_id for s in survivors}
 
         r.phase = "kill"
         r.killed_at = time.time()
@@ -116,15 +117,24 @@ class DrillRunner:
         lost: dict[int, int] = {s: 0 for s in survivors}
 
         def survivors_back(e: dict) -> bool:
-            if e["group"] not in survivors or e.get("rank") != 0 or e["ts"] < r.killed_at:
+            if e["ts"] < r.killed_at:
+                return False
+            if restarted_by_agent(e):
+                r.rejoined_at, r.rejoined_by = r.rejoined_at or e["ts"], "agent"
+                return False
+            if e["group"] not in survivors or e.get("rank") != 0:
                 return False
             if e["type"] == "torchft" and e["logger"] == "torchft_quorums" and r.quorum_shrunk_at is None:
                 r.quorum_shrunk_at = e["ts"]
             elif e["type"] == "commit_failed":
                 lost[e["group"]] += 1
-            elif e["type"] == "step" and e["committed"] and e["participants"] < r.participants_before:
-                return True
+            elif e["type"] == "step" and e["committed"] and (
+                    e["participants"] < r.participants_before or e["quorum_id"] != quorum_before[e["group"]]):
+                return True  # a quorum without the killed group: shrunk, or with its spare promoted in
             return False
+
+        def restarted_by_agent(e: dict) -> bool:
+            return e["group"] == g and e["type"] == "process" and e["action"] == "started" and e["ts"] >= r.killed_at
 
         first = await self.hub.wait_for(queue, survivors_back, timeout_s, "a survivor to commit without the killed group")
         r.survivors_first_commit_at = first["ts"]
@@ -135,9 +145,18 @@ class DrillRunner:
         self._save(drill_id, r)
 
         r.phase = "rejoin"
-        r.rejoined_at = time.time()
-        await self.agents.command(g, "rejoin")
-        self.hub.force(g, "starting", None, since=r.rejoined_at)
+        if r.rejoined_at is None:
+            rejoined_at = time.time()
+            try:
+                await self.agents.command(g, "rejoin")
+                r.rejoined_at, r.rejoined_by = rejoined_at, "drill"
+                self.hub.force(g, "starting", None, since=rejoined_at)
+            except HTTPException as err:
+                if err.status_code != 409:
+                    raise
+                # the agent restarted the group on its own (--auto-rejoin-delay) while we asked
+                started = await self.hub.wait_for(queue, restarted_by_agent, timeout_s, f"group {g}'s agent to restart it")
+                r.rejoined_at, r.rejoined_by = started["ts"], "agent"
         self._save(drill_id, r)
 
         r.phase = "heal"
@@ -153,6 +172,7 @@ class DrillRunner:
         healed = await self.hub.wait_for(queue, healed_commit, timeout_s, f"group {g} to heal and commit")
         r.healed_commit_at, r.healed_step = healed["ts"], healed["step"]
         r.rejoin_to_healed_commit_s = r.healed_commit_at - r.rejoined_at
+        r.kill_to_full_s = r.healed_commit_at - r.killed_at
         self._save(drill_id, r)
 
         r.phase = "fingerprints"

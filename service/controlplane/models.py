@@ -134,9 +134,12 @@ class KillHealReport(BaseModel):
     participants_before: int | None = None
     killed_at: float | None = None
     quorum_shrunk_at: float | None = Field(None, description="a survivor's quorum dropped the killed group")
-    survivors_first_commit_at: float | None = Field(None, description="a survivor's first commit in the shrunken quorum")
+    survivors_first_commit_at: float | None = Field(
+        None, description="a survivor's first commit in a quorum without the killed group (shrunk, or with its spare)")
     survivors_steps_lost: int | None = Field(None, description="survivor steps not committed between kill and resume")
     rejoined_at: float | None = None
+    rejoined_by: Literal["drill", "agent"] | None = Field(
+        None, description="agent: the group's agent restarted it by itself (--auto-rejoin-delay) before the drill asked")
     heal_started_at: float | None = None
     healed_commit_at: float | None = Field(None, description="the rejoined group's first committed step after its heal")
     healed_step: int | None = None
@@ -145,6 +148,7 @@ class KillHealReport(BaseModel):
     detect_s: float | None = Field(None, description="kill → survivors' quorum shrank (T_d)")
     survivors_resume_s: float | None = Field(None, description="kill → survivors' first commit without the group")
     rejoin_to_healed_commit_s: float | None = None
+    kill_to_full_s: float | None = Field(None, description="kill → the group's healed commit: all groups training again")
     fingerprint_step: int | None = None
     fingerprints: dict[str, dict[str, str]] | None = Field(None, description="group → rank → digest at fingerprint_step")
     fingerprints_equal: bool | None = None
