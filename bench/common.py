@@ -39,7 +39,8 @@ class Up:
     """`ftctl up` as a subprocess, with an httpx client on its API."""
 
     def __init__(self, state_dir: Path, groups: int, nproc: int, trainer_args: list[str],
-                 heartbeat_timeout_ms: int = 1000, spares: int = 0, auto_rejoin_delay_s: float | None = None):
+                 heartbeat_timeout_ms: int = 1000, spares: int = 0, auto_rejoin_delay_s: float | None = None,
+                 join_timeout_ms: int = 1000):
         self.port = free_port()
         self.state_dir = state_dir
         self.log = open(state_dir.parent / f"{state_dir.name}-ftctl.log", "wb")
@@ -47,6 +48,7 @@ class Up:
             [sys.executable, "-m", "service.cli", "up", "--groups", str(groups), "--nproc-per-group", str(nproc),
              "--steps", "1000000", "--port", str(self.port), "--lighthouse-port", str(free_port()),
              "--state-dir", str(state_dir), "--heartbeat-timeout-ms", str(heartbeat_timeout_ms),
+             "--join-timeout-ms", str(join_timeout_ms),
              "--spares", str(spares),
              *(["--auto-rejoin-delay", str(auto_rejoin_delay_s)] if auto_rejoin_delay_s is not None else []),
              *[f"--trainer-arg={a}" for a in trainer_args]],

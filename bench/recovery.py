@@ -1,12 +1,13 @@
 """This service's recovery against the classic path, side by side, on the same job.
 
-    python -m bench.recovery --repeats 3 [--spares [--failover]]
+    python -m bench.recovery --repeats 3 [--spares [--failover]] [--join-timeout-ms 200]
 
 torchft path (`ftctl up`, G groups × K ranks): the kill-heal drill R times: kill → survivors'
 next commit, survivor steps lost, rejoin → healed commit, heal bytes, and kill → all groups
 training again. The drill rejoins the group as soon as the survivors commit; with --failover
 the agents restart a killed group at once (`--auto-rejoin-delay 0`), which with a warm spare
-promotes it into the survivors' next quorum.
+promotes it into the survivors' next quorum: a join timeout shorter than the heartbeat
+timeout lets that quorum form before the dead group's heartbeat expires.
 
 Classic path (bench/classic_trainer.py: one torchrun job of G·K ranks, HSDP through FSDP2's
 2-D mesh, DCP checkpoint every C steps, --max-restarts): SIGKILL one rank R times; kill → the
@@ -29,7 +30,8 @@ from bench.common import Up, job_parser, spread
 def torchft_runs(args, trainer_args: list[str]) -> list[dict]:
     state = Path(tempfile.mkdtemp(prefix="ftbench-")) / "state"
     up = Up(state, args.groups, args.nproc, [*trainer_args, "--fingerprint-every=5"],
-            spares=args.groups if args.spares else 0, auto_rejoin_delay_s=0.0 if args.failover else None)
+            spares=args.groups if args.spares else 0, auto_rejoin_delay_s=0.0 if args.failover else None,
+            join_timeout_ms=args.join_timeout_ms)
     runs = []
     try:
         up.wait_training()
@@ -93,6 +95,7 @@ def main() -> None:
     parser.add_argument("--spares", action="store_true", help="torchft path with a warm spare per group")
     parser.add_argument("--failover", action="store_true",
                         help="agents restart a killed group at once (--auto-rejoin-delay 0) instead of the drill later")
+    parser.add_argument("--join-timeout-ms", type=int, default=1000, help="torchft path: the Lighthouse's join timeout")
     parser.add_argument("--settle-s", type=float, default=8.0)
     parser.add_argument("--paths", default="torchft,classic", help="which paths to run (comma-separated)")
     parser.add_argument("--out", type=Path, default=Path("bench-recovery.json"))
@@ -108,7 +111,8 @@ def main() -> None:
         return [r[key] for r in rows if r.get(key) is not None]
 
     print(f"\nrecovery, {args.groups} groups × {args.nproc} ranks, debugmodel, seq {args.seq_len}, "
-          f"batch {args.batch_size}/group, heartbeat timeout 1 s, spares {'on' if args.spares else 'off'}, "
+          f"batch {args.batch_size}/group, heartbeat timeout 1 s, join timeout {args.join_timeout_ms} ms, "
+          f"spares {'on' if args.spares else 'off'}, "
           f"rejoin {'by the agent at once' if args.failover else 'by the drill after the survivors commit'}; medians")
     print(f"{'':38} {'this service':>34} {'classic (torchrun restart)':>34}")
     print(f"{'kill → survivors commit again (s)':38} {spread(col(ft, 'survivors_resume_s')):>34} {'(all ranks restart)':>34}")
@@ -119,6 +123,9 @@ def main() -> None:
         ratio = statistics.median(col(classic, "kill_to_full_s")) / statistics.median(col(ft, "kill_to_full_s"))
         resume = statistics.median(col(classic, "kill_to_full_s")) / statistics.median(col(ft, "survivors_resume_s"))
         print(f"classic / this service: to full group count {ratio:.1f}×; to training again (survivors) {resume:.1f}×")
+    if col(ft, "steps_lost") and col(classic, "steps_redone"):
+        steps = statistics.median(col(classic, "steps_redone")) / max(statistics.median(col(ft, "steps_lost")), 1)
+        print(f"classic / this service: steps lost {steps:.1f}× (classic checkpoints every {args.checkpoint_every} steps)")
     print(f"wrote {args.out}")
 
 

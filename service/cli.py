@@ -33,7 +33,7 @@ def cmd_up(args) -> int:
                    host=args.host, state_dir=Path(args.state_dir), lighthouse_port=args.lighthouse_port,
                    token=token, trainer_args=args.trainer_arg or [], auto_rejoin_delay_s=args.auto_rejoin_delay,
                    min_replicas=args.min_replicas, heartbeat_timeout_ms=args.heartbeat_timeout_ms,
-                   spares=args.spares)
+                   join_timeout_ms=args.join_timeout_ms, spares=args.spares)
     cluster = Cluster(cfg)
     stopping = {"flag": False}
 
@@ -188,6 +188,9 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--lighthouse-port", type=int, default=29510, help="torchft Lighthouse port (default 29510)")
     up.add_argument("--min-replicas", type=int, default=1, help="fewest groups that may commit a step (default 1)")
     up.add_argument("--heartbeat-timeout-ms", type=int, default=1000, help="Lighthouse failure detection (default 1000)")
+    up.add_argument("--join-timeout-ms", type=int, default=1000,
+                    help="how long a new quorum waits for groups that have not asked to join (default 1000); "
+                    "shorter lets a promoted spare in before the dead group's heartbeat times out")
     up.add_argument("--spares", type=int, default=0,
                     help="keep a warm spare for the first S groups: rejoin promotes it instead of starting cold")
     up.add_argument("--auto-rejoin-delay", type=float, default=None, help="rejoin a killed group by itself after this many seconds")

@@ -37,6 +37,7 @@ class UpConfig:
     auto_rejoin_delay_s: float | None = None
     min_replicas: int = 1
     heartbeat_timeout_ms: int = 1000
+    join_timeout_ms: int = 1000
     spares: int = 0
 
     @property
@@ -127,6 +128,7 @@ class Cluster:
         lighthouse = self._spawn("lighthouse", [
             py, "-m", "lighthouse", "--bind", f"{self.bind_host}:{cfg.lighthouse_port}",
             "--min-replicas", str(cfg.min_replicas), "--heartbeat-timeout-ms", str(cfg.heartbeat_timeout_ms),
+            "--join-timeout-ms", str(cfg.join_timeout_ms),
             "--api-port", str(self.lighthouse_api_port)])
         self._wait_http(lighthouse, f"{self.lighthouse_api}/healthz")
 

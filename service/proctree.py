@@ -8,6 +8,7 @@ together, the way a node loss takes all of them at once.
 from __future__ import annotations
 
 import signal
+import time
 
 import psutil
 
@@ -32,13 +33,33 @@ def signal_tree(pid: int, sig: int = signal.SIGKILL) -> list[int]:
     return signalled
 
 
-def wait_gone(pids: list[int], timeout_s: float) -> list[int]:
-    """Wait for the pids to exit; returns those still alive."""
-    procs = []
-    for pid in pids:
-        try:
-            procs.append(psutil.Process(pid))
-        except psutil.NoSuchProcess:
-            pass
-    _, alive = psutil.wait_procs(procs, timeout=timeout_s)
-    return [p.pid for p in alive]
+def wait_gone(pids: list[int], timeout_s: float, poll_s: float = 0.01) -> list[int]:
+    """Wait for the pids to exit; returns those still alive.
+
+    A zombie counts as gone: it holds no memory, sockets or devices any more, only a pid
+    until its parent reaps it. The ranks of a killed torchrun are orphans, and whoever
+    inherits them (PID 1 of a container, often) may reap them late or never; waiting for
+    the reap delayed every fail-over here by 1-2 s.
+    """
+    deadline = time.monotonic() + timeout_s
+    alive = [proc for pid in pids if (proc := _process(pid)) is not None]
+    while True:
+        alive = [proc for proc in alive if _running(proc)]
+        if not alive or time.monotonic() >= deadline:
+            return [proc.pid for proc in alive]
+        time.sleep(poll_s)
+
+
+def _process(pid: int) -> psutil.Process | None:
+    try:
+        return psutil.Process(pid)
+    except psutil.NoSuchProcess:
+        return None
+
+
+def _running(proc: psutil.Process) -> bool:
+    """Alive and not a zombie; ``is_running`` also tells a reused pid from the process we meant."""
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

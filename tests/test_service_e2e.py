@@ -7,11 +7,9 @@ file order against it, and the last one stops it with Ctrl-C.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,21 +21,23 @@ from cluster import REPO, wait_for
 from dashboards.quorum import panel_queries
 from service.proctree import process_tree, wait_gone
 from trainer.launch import free_port
+from up_job import AUTH, TOKEN, UpJob, all_training, end_tree, ftctl, ftctl_up, groups, json_out
 
-TOKEN = "e2e-token"
-AUTH = {"Authorization": f"Bearer {TOKEN}"}
 ARTIFACTS = REPO / "test-artifacts"
 
 
 @dataclass
 class Live:
-    proc: subprocess.Popen
-    api: httpx.Client
-    state: Path
-    log: Path
-    prometheus: subprocess.Popen
+    job: UpJob
     prometheus_url: str
-    started: float
+
+    @property
+    def api(self) -> httpx.Client:
+        return self.job.api
+
+    @property
+    def state(self) -> Path:
+        return self.job.state
 
 
 def prometheus_config(path: Path, conn: dict) -> Path:
@@ -55,44 +55,16 @@ def live(tmp_path_factory):
     if not shutil.which("prometheus"):
         pytest.fail("prometheus is not installed: .ci/run installs Debian's prometheus package")
     tmp = tmp_path_factory.mktemp("live")
-    port, state, log = free_port(), tmp / "state", tmp / "ftctl-up.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "service.cli", "up", "--groups", "2", "--nproc-per-group", "2", "--steps", "100000",
-             "--port", str(port), "--lighthouse-port", str(free_port()), "--state-dir", str(state), "--refresh", "0.5",
-             "--spares", "1", "--trainer-arg=--seq-len=64", "--trainer-arg=--batch-size=2",
-             "--trainer-arg=--fingerprint-every=5", "--trainer-arg=--checkpoint-every=20"],
-            cwd=REPO, env={**os.environ, "FTCTL_TOKEN": TOKEN, "COLUMNS": "150"}, stdout=out, stderr=subprocess.STDOUT,
-            start_new_session=True)
-    api = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30)
-    prom = None
-    try:
-        wait_for(lambda: (state / "connection.json").exists(), 120, "ftctl up to start its services")
-        conn = json.loads((state / "connection.json").read_text())
+    with ftctl_up(tmp, "--spares", "1", "--trainer-arg=--checkpoint-every=20") as job:
         prom_port = free_port()
         prom = subprocess.Popen(
-            ["prometheus", f"--config.file={prometheus_config(tmp / 'prometheus.yml', conn)}",
+            ["prometheus", f"--config.file={prometheus_config(tmp / 'prometheus.yml', job.connection())}",
              f"--storage.tsdb.path={tmp / 'tsdb'}", f"--web.listen-address=127.0.0.1:{prom_port}"],
             stdout=open(tmp / "prometheus.log", "wb"), stderr=subprocess.STDOUT, start_new_session=True)
-        yield Live(proc, api, state, log, prom, f"http://127.0.0.1:{prom_port}", time.time())
-    finally:
-        for p in ([prom] if prom else []) + [proc]:
-            if p.poll() is None:
-                for child in process_tree(p.pid)[::-1]:
-                    child.kill()
-            p.wait(30)
-        api.close()
-
-
-def groups(api: httpx.Client) -> dict[int, dict]:
-    try:
-        return {g["group"]: g for g in api.get("/api/v1/groups").json()}
-    except (httpx.HTTPError, ValueError):
-        return {}
-
-
-def all_training(api: httpx.Client) -> bool:
-    return {g["state"] for g in groups(api).values()} == {"training"}
+        try:
+            yield Live(job, f"http://127.0.0.1:{prom_port}")
+        finally:
+            end_tree(prom)
 
 
 def quietly(predicate):
@@ -103,16 +75,6 @@ def quietly(predicate):
         except Exception:  # selenium raises while an element is missing or being replaced
             return False
     return check
-
-
-def ftctl(state: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "service.cli", *args, "--state-dir", str(state)], cwd=REPO,
-                          capture_output=True, text=True, timeout=400, env={**os.environ, "COLUMNS": "150"})
-
-
-def json_out(result: subprocess.CompletedProcess) -> dict:
-    assert result.returncode == 0, result.stdout + result.stderr
-    return json.loads(result.stdout[result.stdout.index("{"):])
 
 
 def test_rest_kill_and_rejoin_promotes_the_warm_spare(live):
@@ -222,7 +184,7 @@ def test_prometheus_scrapes_and_every_dashboard_query_returns_data(live):
         return body["data"]["result"]
 
     wait_for(targets_up, 60, "Prometheus to scrape every process")
-    window = {"start": live.started, "end": time.time(), "step": "2s"}
+    window = {"start": live.job.started, "end": time.time(), "step": "2s"}
     dashboard = json.loads((REPO / "dashboards/quorum.json").read_text())
     empty = []
     for title, ref, expr in panel_queries(dashboard):
@@ -252,12 +214,12 @@ def test_prometheus_scrapes_and_every_dashboard_query_returns_data(live):
 
 def test_control_plane_restart_keeps_history_and_events_keep_coming(live):
     api = live.api
-    tree = {p.pid: p for p in process_tree(live.proc.pid)}
+    tree = {p.pid: p for p in process_tree(live.job.proc.pid)}
     [control] = [p for p in tree.values() if "service.controlplane" in " ".join(p.cmdline())]
     drills_before = api.get("/api/v1/drills").json()["drills"]
     first_event = api.get("/api/v1/events", params={"limit": 1}).json()["events"][0]
     control.kill()
-    wait_for(lambda: control.pid not in [p.pid for p in process_tree(live.proc.pid)] and groups(api), 60,
+    wait_for(lambda: control.pid not in [p.pid for p in process_tree(live.job.proc.pid)] and groups(api), 60,
              "ftctl up to restart the control plane")
     assert api.get("/api/v1/drills").json()["drills"] == drills_before
     assert api.get("/api/v1/events", params={"limit": 1}).json()["events"][0] == first_event
@@ -270,9 +232,9 @@ def test_control_plane_restart_keeps_history_and_events_keep_coming(live):
 
 
 def test_ctrl_c_stops_everything(live):
-    everything = [p.pid for p in process_tree(live.proc.pid)]
+    everything = [p.pid for p in process_tree(live.job.proc.pid)]
     assert len(everything) >= 10  # ftctl, lighthouse x2, control plane, 2 agents, torchruns, ranks
-    live.proc.send_signal(signal.SIGINT)
-    assert live.proc.wait(120) == 0, live.log.read_text()[-3000:]
+    live.job.proc.send_signal(signal.SIGINT)
+    assert live.job.proc.wait(120) == 0, live.job.log.read_text()[-3000:]
     assert not wait_gone(everything, 10), "processes left behind after Ctrl-C"
-    assert "no process left behind" in live.log.read_text()
+    assert "no process left behind" in live.job.log.read_text()

@@ -15,11 +15,12 @@ import asyncio
 import random
 import statistics
 import time
-from typing import Awaitable, Callable
+from typing import Callable
 
 from fastapi import HTTPException
 from pydantic import BaseModel, Field
 
+from service.controlplane.agents import GroupCommand
 from service.controlplane.hub import Hub
 
 
@@ -54,7 +55,7 @@ class ChaosReport(BaseModel):
 class ChaosRun:
     """Runs one chaos drill against the live job; the runner persists ``report`` as it goes."""
 
-    def __init__(self, hub: Hub, command: Callable[[int, str], Awaitable[dict]], report: ChaosReport,
+    def __init__(self, hub: Hub, command: GroupCommand, report: ChaosReport,
                  save: Callable[[], None]):
         self.hub = hub
         self.command = command
@@ -81,12 +82,12 @@ class ChaosRun:
                     kill.detected_at = e["ts"]
                 elif e["type"] == "commit_failed" and e["ts"] >= kill.killed_at:
                     kill.survivor_steps_lost += 1
-            elif kill.rejoined_at is not None and e["ts"] >= kill.rejoined_at:
+            elif e["ts"] >= kill.killed_at:  # its new processes: their events may overtake the agent's
                 if e["type"] == "start" and kill.started_at is None:
                     kill.started_at = e["ts"]
                 elif e["type"] == "step" and e["committed"] and kill.started_at is not None:
                     kill.healed_commit_at = e["ts"]
-        for g in [g for g, k in self.open.items() if k.healed_commit_at is not None]:
+        for g in [g for g, k in self.open.items() if k.healed_commit_at is not None and k.rejoined_at is not None]:
             done = self.open.pop(g)
             done.detect_s = (done.detected_at or done.killed_at) - done.killed_at
             done.restart_s = done.started_at - done.rejoined_at

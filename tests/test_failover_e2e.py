@@ -1,0 +1,52 @@
+"""Fail-over end to end: the agents restart a killed group by themselves (`--auto-rejoin-delay 0`),
+promoting its warm spare, and the drills measure that rather than issuing a rejoin of their own."""
+
+from __future__ import annotations
+
+import pytest
+
+from cluster import wait_for
+from up_job import all_training, ftctl, ftctl_up, json_out
+
+REJOIN_DELAY_S = 120  # the chaos drill's own rejoin: far later than any agent restart
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    with ftctl_up(tmp_path_factory.mktemp("failover"), "--spares", "2", "--auto-rejoin-delay", "0",
+                  "--join-timeout-ms", "200") as job:
+        yield job
+
+
+def spare(job, group: int) -> str | None:
+    return job.api.get(f"/api/v1/groups/{group}/agent").json()["spare"]
+
+
+def test_kill_heal_drill_sees_the_agent_promote_the_spare(job):
+    wait_for(lambda: all_training(job.api), 240, "both groups training")
+    wait_for(lambda: spare(job, 1) == "ready", 240, "group 1's warm spare")
+
+    drill = json_out(ftctl(job.state, "drill", "kill-heal", "--group", "1", "--json"))
+    assert drill["status"] == "done" and drill["fingerprints_equal"] is True, drill
+    r = drill["report"]
+    assert r["rejoined_by"] == "agent"
+    assert r["killed_at"] < r["rejoined_at"] <= r["heal_started_at"] <= r["healed_commit_at"]
+    assert r["kill_to_full_s"] == pytest.approx(r["healed_commit_at"] - r["killed_at"])
+    assert r["survivors_steps_lost"] <= 1 and r["heal_bytes"] > 0
+    process = job.api.get("/api/v1/events", params={"group": 1, "type": "process", "since": r["killed_at"]}).json()
+    assert [(e["action"], e["detail"]) for e in process["events"]][:2] == [
+        ("killed", None), ("started", "promoted warm spare (ready)")]
+    wait_for(lambda: spare(job, 1) in ("starting", "ready"), 60, "the agent to start the next spare")
+
+
+def test_chaos_drill_counts_the_agents_restarts_as_rejoins(job):
+    wait_for(lambda: all_training(job.api), 240, "both groups training")
+    c = json_out(ftctl(job.state, "drill", "chaos", "--mtbf", "6", "--duration", "20", "--seed", "3",
+                       "--rejoin-delay", str(REJOIN_DELAY_S), "--baseline", "8", "--json"))
+    assert c["status"] == "done" and c["report"]["kills"], c
+    kills = c["report"]["kills"]
+    assert all(k["heal_s"] is not None for k in kills), "every killed group came back and healed"
+    assert all(k["killed_at"] < k["rejoined_at"] < k["killed_at"] + REJOIN_DELAY_S for k in kills), \
+        "the agents restarted the groups, not the drill's delayed rejoin"
+    assert c["report"]["lost_s"]["waiting_to_rejoin"] < REJOIN_DELAY_S * len(kills)
+    assert 0 < c["goodput"] < 1.2

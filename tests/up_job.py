@@ -1,0 +1,84 @@
+"""`ftctl up` as a subprocess for the end-to-end tests, and the CLI and REST calls that drive it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+
+from cluster import REPO, wait_for
+from service.proctree import process_tree
+from trainer.launch import free_port
+
+TOKEN = "e2e-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+@dataclass
+class UpJob:
+    proc: subprocess.Popen
+    api: httpx.Client
+    state: Path
+    log: Path
+    started: float = field(default_factory=time.time)
+
+    def connection(self) -> dict:
+        return json.loads((self.state / "connection.json").read_text())
+
+
+def end_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL a process and everything under it, leaves first, by pid."""
+    if proc.poll() is None:
+        for child in process_tree(proc.pid)[::-1]:
+            child.kill()
+    proc.wait(30)
+
+
+@contextmanager
+def ftctl_up(tmp: Path, *args: str) -> Iterator[UpJob]:
+    """`ftctl up` with 2 groups × 2 ranks of a small model on free ports; ended, whole tree, afterwards."""
+    port, state, log = free_port(), tmp / "state", tmp / "ftctl-up.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "service.cli", "up", "--groups", "2", "--nproc-per-group", "2", "--steps", "100000",
+             "--port", str(port), "--lighthouse-port", str(free_port()), "--state-dir", str(state), "--refresh", "0.5",
+             "--trainer-arg=--seq-len=64", "--trainer-arg=--batch-size=2", "--trainer-arg=--fingerprint-every=5",
+             *args],
+            cwd=REPO, env={**os.environ, "FTCTL_TOKEN": TOKEN, "COLUMNS": "150"}, stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True)
+    api = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30)
+    try:
+        wait_for(lambda: (state / "connection.json").exists(), 120, "ftctl up to start its services")
+        yield UpJob(proc, api, state, log)
+    finally:
+        end_tree(proc)
+        api.close()
+
+
+def groups(api: httpx.Client) -> dict[int, dict]:
+    try:
+        return {g["group"]: g for g in api.get("/api/v1/groups").json()}
+    except (httpx.HTTPError, ValueError):
+        return {}
+
+
+def all_training(api: httpx.Client) -> bool:
+    return {g["state"] for g in groups(api).values()} == {"training"}
+
+
+def ftctl(state: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "service.cli", *args, "--state-dir", str(state)], cwd=REPO,
+                          capture_output=True, text=True, timeout=400, env={**os.environ, "COLUMNS": "150"})
+
+
+def json_out(result: subprocess.CompletedProcess) -> dict:
+    assert result.returncode == 0, result.stdout + result.stderr
+    return json.loads(result.stdout[result.stdout.index("{"):])
