@@ -1,6 +1,6 @@
 """Goodput under failures on a live job, and the ledger's projection from the measured recovery.
 
-    python -m bench.chaos --mtbf 30 --duration 300 [--spares]
+    python -m bench.chaos --mtbf 30 --duration 300 [--spares [--failover]] [--join-timeout-ms 200]
 
 Starts `ftctl up`, runs one kill-heal drill (so GET /api/v1/goodput has measured times), then
 the chaos drill, and prints the chaos report and the ledger's answers at 1,024 and 16,384 GPUs.
@@ -13,7 +13,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import Up, job_parser
+from bench.common import Up, add_recovery_options, describe_recovery, job_parser, recovery_settings
 
 
 def main() -> None:
@@ -23,11 +23,11 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--rejoin-delay", type=float, default=5.0)
     parser.add_argument("--baseline", type=float, default=60.0)
-    parser.add_argument("--spares", action="store_true")
+    add_recovery_options(parser)
     parser.add_argument("--out", type=Path, default=Path("bench-chaos.json"))
     args = parser.parse_args()
     up = Up(Path(tempfile.mkdtemp(prefix="ftbench-chaos-")) / "state", args.groups, args.nproc,
-            ["--fingerprint-every=5"], spares=args.groups if args.spares else 0)
+            ["--fingerprint-every=5"], **recovery_settings(args))
     try:
         up.wait_training()
         heal = up.drill({"kind": "kill-heal", "group": args.groups - 1})
@@ -43,7 +43,7 @@ def main() -> None:
                                     "chaos": chaos, "goodput": goodput}, indent=2))
     r = chaos["report"]
     print(f"chaos: {chaos['status']} {chaos.get('error') or ''}; mtbf {args.mtbf}s, {args.duration}s, seed {args.seed}, "
-          f"rejoin after {args.rejoin_delay}s, spares {'on' if args.spares else 'off'}")
+          f"drill rejoin after {args.rejoin_delay}s, {describe_recovery(args)}")
     print(f"  failure-free {r['baseline_rate']:.2f} replica-batches/s, under chaos {r['chaos_rate']:.2f}: "
           f"goodput {100 * r['goodput']:.1f}% over {len(r['kills'])} kills")
     print("  time lost: " + ", ".join(f"{k} {v:.1f}s" for k, v in r["lost_s"].items()))

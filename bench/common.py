@@ -28,6 +28,25 @@ def job_parser(doc: str | None) -> argparse.ArgumentParser:
     return parser
 
 
+def add_recovery_options(parser: argparse.ArgumentParser) -> None:
+    """How `ftctl up` recovers a killed group: the flags the recovery and chaos benchmarks share."""
+    parser.add_argument("--spares", action="store_true", help="a warm spare per group")
+    parser.add_argument("--failover", action="store_true",
+                        help="agents restart a killed group at once (--auto-rejoin-delay 0) instead of the drill later")
+    parser.add_argument("--join-timeout-ms", type=int, default=1000, help="the Lighthouse's join timeout")
+
+
+def recovery_settings(args: argparse.Namespace) -> dict:
+    """``Up`` keyword arguments from the flags of ``add_recovery_options``."""
+    return {"spares": args.groups if args.spares else 0, "auto_rejoin_delay_s": 0.0 if args.failover else None,
+            "join_timeout_ms": args.join_timeout_ms}
+
+
+def describe_recovery(args: argparse.Namespace) -> str:
+    return (f"heartbeat timeout 1 s, join timeout {args.join_timeout_ms} ms, spares {'on' if args.spares else 'off'}, "
+            f"rejoin {'by the agent at once' if args.failover else 'by the drill'}")
+
+
 def spread(values: list[float]) -> str:
     if not values:
         return "-"

@@ -24,14 +24,12 @@ import time
 from pathlib import Path
 
 from bench.classic import ClassicJob
-from bench.common import Up, job_parser, spread
+from bench.common import Up, add_recovery_options, describe_recovery, job_parser, recovery_settings, spread
 
 
 def torchft_runs(args, trainer_args: list[str]) -> list[dict]:
     state = Path(tempfile.mkdtemp(prefix="ftbench-")) / "state"
-    up = Up(state, args.groups, args.nproc, [*trainer_args, "--fingerprint-every=5"],
-            spares=args.groups if args.spares else 0, auto_rejoin_delay_s=0.0 if args.failover else None,
-            join_timeout_ms=args.join_timeout_ms)
+    up = Up(state, args.groups, args.nproc, [*trainer_args, "--fingerprint-every=5"], **recovery_settings(args))
     runs = []
     try:
         up.wait_training()
@@ -92,10 +90,7 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--checkpoint-every", type=int, default=10, help="classic path: DCP checkpoint interval C")
-    parser.add_argument("--spares", action="store_true", help="torchft path with a warm spare per group")
-    parser.add_argument("--failover", action="store_true",
-                        help="agents restart a killed group at once (--auto-rejoin-delay 0) instead of the drill later")
-    parser.add_argument("--join-timeout-ms", type=int, default=1000, help="torchft path: the Lighthouse's join timeout")
+    add_recovery_options(parser)
     parser.add_argument("--settle-s", type=float, default=8.0)
     parser.add_argument("--paths", default="torchft,classic", help="which paths to run (comma-separated)")
     parser.add_argument("--out", type=Path, default=Path("bench-recovery.json"))
@@ -111,9 +106,7 @@ def main() -> None:
         return [r[key] for r in rows if r.get(key) is not None]
 
     print(f"\nrecovery, {args.groups} groups × {args.nproc} ranks, debugmodel, seq {args.seq_len}, "
-          f"batch {args.batch_size}/group, heartbeat timeout 1 s, join timeout {args.join_timeout_ms} ms, "
-          f"spares {'on' if args.spares else 'off'}, "
-          f"rejoin {'by the agent at once' if args.failover else 'by the drill after the survivors commit'}; medians")
+          f"batch {args.batch_size}/group, {describe_recovery(args)}; medians")
     print(f"{'':38} {'this service':>34} {'classic (torchrun restart)':>34}")
     print(f"{'kill → survivors commit again (s)':38} {spread(col(ft, 'survivors_resume_s')):>34} {'(all ranks restart)':>34}")
     print(f"{'rejoin → healed commit (s)':38} {spread(col(ft, 'rejoin_to_healed_commit_s')):>34} {'-':>34}")

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
 from pathlib import Path
+
+import psutil
 
 from service.agent.spare import WarmSpare
 from service.agent.supervisor import GroupCommand
+from service.proctree import wait_gone
 
 
 def spare(tmp_path: Path) -> WarmSpare:
@@ -30,3 +36,18 @@ def test_readiness_needs_every_rank(tmp_path):
     s.generation = 1
     assert [p.name for p in s._ready_paths()] == ["group1.promote.1.ready-r0", "group1.promote.1.ready-r1"]
     assert s.state() is None and s.promote() is None  # no process: nothing to promote
+
+
+def test_a_killed_process_nobody_reaped_yet_counts_as_gone():
+    """A zombie holds nothing but its pid: a fail-over must not wait for its parent to reap it."""
+    zombie = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        zombie.send_signal(signal.SIGKILL)
+        assert wait_gone([zombie.pid], 10) == []
+        assert psutil.Process(zombie.pid).status() == psutil.STATUS_ZOMBIE  # still unreaped: gone all the same
+        assert wait_gone([alive.pid, zombie.pid], 0.3) == [alive.pid]
+    finally:
+        for proc in (zombie, alive):
+            proc.kill()
+            proc.wait()
