@@ -31,9 +31,8 @@ def main() -> None:
     try:
         up.wait_training()
         heal = up.drill({"kind": "kill-heal", "group": args.groups - 1})
-        while {g["state"] for g in up.api.get("/api/v1/groups").json()} != {"training"}:
-            time.sleep(1)
-        time.sleep(15)
+        up.wait_training()
+        time.sleep(15)  # the drill itself waits for the warm spares before its failure-free baseline
         chaos = up.drill({"kind": "chaos", "mtbf_s": args.mtbf, "duration_s": args.duration, "seed": args.seed,
                           "rejoin_delay_s": args.rejoin_delay, "baseline_s": args.baseline}, poll_s=1.0)
         goodput = up.api.get("/api/v1/goodput").json()
@@ -47,6 +46,7 @@ def main() -> None:
     print(f"  failure-free {r['baseline_rate']:.2f} replica-batches/s, under chaos {r['chaos_rate']:.2f}: "
           f"goodput {100 * r['goodput']:.1f}% over {len(r['kills'])} kills")
     print("  time lost: " + ", ".join(f"{k} {v:.1f}s" for k, v in r["lost_s"].items()))
+    print(f"  median step: {r['baseline_step_s']:.3f}s failure-free, {r['chaos_step_s']:.3f}s under chaos")
     for line in goodput["answer"]:
         print("  " + line)
     print(f"wrote {args.out}")

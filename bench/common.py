@@ -87,6 +87,15 @@ class Up:
             time.sleep(0.5)
         raise TimeoutError("groups did not all reach training")
 
+    def wait_spares_ready(self, groups: list[int], timeout_s: float = 300) -> None:
+        """Until these groups' warm spares are ready: a spare still building slows the training
+        on the same CPUs, so a measurement started before would not be of the steady state."""
+        deadline = time.monotonic() + timeout_s
+        while any(self.api.get(f"/api/v1/groups/{g}/agent").json()["spare"] != "ready" for g in groups):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the warm spares of groups {groups} were not ready within {timeout_s:.0f}s")
+            time.sleep(1)
+
     def drill(self, body: dict, poll_s: float = 0.5) -> dict:
         """Start a drill and wait for its report."""
         drill = self.api.post("/api/v1/drills", json=body).json()

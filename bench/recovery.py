@@ -36,8 +36,8 @@ def torchft_runs(args, trainer_args: list[str]) -> list[dict]:
         victim = args.groups - 1
         for i in range(args.repeats):
             time.sleep(args.settle_s)
-            while args.spares and up.api.get(f"/api/v1/groups/{victim}/agent").json()["spare"] != "ready":
-                time.sleep(1)  # measure promotion of a READY spare, as in production between failures
+            if args.spares:
+                up.wait_spares_ready([victim])  # measure promotion of a ready spare, as between failures in production
             drill = up.drill({"kind": "kill-heal", "group": victim}, poll_s=0.3)
             r = drill["report"]
             if drill["status"] == "done":

@@ -66,17 +66,22 @@ def drill_table(drill: dict) -> Table:
     def secs(key: str) -> str:
         return f"{r[key]:.2f} s" if r.get(key) is not None else "-"
 
+    def value(key: str) -> str:
+        return str(r[key]) if r.get(key) is not None else "-"
+
     rows = [
         ("phase", r.get("phase")),
         ("survivors", ", ".join(map(str, r.get("survivors", [])))),
         ("kill → quorum shrank (detect)", secs("detect_s")),
         ("kill → survivors commit again", secs("survivors_resume_s")),
-        ("survivor steps lost", str(r.get("survivors_steps_lost", "-"))),
+        ("survivor steps lost", value("survivors_steps_lost")),
+        ("rejoined by", {"agent": "its agent (fail-over)", "drill": "the drill"}.get(r.get("rejoined_by"), "-")),
         ("rejoin → healed commit", secs("rejoin_to_healed_commit_s")),
-        ("healed at step", str(r.get("healed_step", "-"))),
+        ("kill → all groups training", secs("kill_to_full_s")),
+        ("healed at step", value("healed_step")),
         ("heal transfer (rank 0)", f"{r['heal_bytes'] / 2**20:.1f} MiB in {r['heal_fetch_s']:.2f} s"
          if r.get("heal_bytes") is not None else "-"),
-        ("fingerprints at step", str(r.get("fingerprint_step", "-"))),
+        ("fingerprints at step", value("fingerprint_step")),
         ("fingerprints equal", {True: "[green]yes[/]", False: "[red]NO[/]"}.get(r.get("fingerprints_equal"), "-")),
     ]
     if drill.get("error"):
@@ -97,6 +102,9 @@ def chaos_table(drill: dict) -> Table:
     table.add_row("rate under chaos", rate(r.get("chaos_rate")))
     table.add_row("goodput", f"{100 * r['goodput']:.1f}%" if r.get("goodput") is not None else "-")
     table.add_row("kills", ", ".join(f"g{k['group']}" for k in r.get("kills", [])) or "none")
+    if r.get("baseline_step_s") and r.get("chaos_step_s"):
+        table.add_row("median step", f"{r['baseline_step_s']:.2f} s failure-free, {r['chaos_step_s']:.2f} s under chaos "
+                                     f"({r['chaos_step_s'] / r['baseline_step_s']:.2f}×)")
     for term, seconds in (r.get("lost_s") or {}).items():
         table.add_row(f"lost to {term.replace('_', ' ')}", f"{seconds:.1f} s")
     if drill.get("error"):

@@ -50,3 +50,4 @@ def test_chaos_drill_counts_the_agents_restarts_as_rejoins(job):
         "the agents restarted the groups, not the drill's delayed rejoin"
     assert c["report"]["lost_s"]["waiting_to_rejoin"] < REJOIN_DELAY_S * len(kills)
     assert 0 < c["goodput"] < 1.2
+    assert c["report"]["baseline_step_s"] > 0 and c["report"]["chaos_step_s"] > 0

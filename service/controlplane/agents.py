@@ -2,13 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Awaitable, Callable
-
 import httpx
 from fastapi import HTTPException
-
-# what a drill gets to drive the groups: AgentClient.command, (group, "kill" | "rejoin") -> reply
-GroupCommand = Callable[[int, str], Awaitable[dict]]
 
 
 class AgentClient:

@@ -1,7 +1,8 @@
 """The chaos drill: random kills at exponential intervals, rejoins after a delay, goodput.
 
 Goodput here is measured, not modelled: committed replica-batches per second during the
-chaos window against the failure-free rate measured just before it in the same run. The time
+chaos window against the failure-free rate measured just before it in the same run, once no
+warm spare is still building (a build takes CPU from the training beside it). The time
 lost is split per kill into detection (kill → a survivor's quorum changed), restart (rejoin
 → the group's ranks are up), heal (ranks up → first committed step after the heal),
 rollback (survivor steps that did not commit, at the median step time) and the wait before
@@ -20,7 +21,7 @@ from typing import Callable
 from fastapi import HTTPException
 from pydantic import BaseModel, Field
 
-from service.controlplane.agents import GroupCommand
+from service.controlplane.agents import AgentClient
 from service.controlplane.hub import Hub
 
 
@@ -48,6 +49,10 @@ class ChaosReport(BaseModel):
     chaos_rate: float | None = Field(None, description="replica-batches committed per second under chaos")
     goodput: float | None = Field(None, description="chaos_rate / baseline_rate")
     median_step_s: float | None = None
+    baseline_step_s: float | None = Field(None, description="median step time, failure-free")
+    chaos_step_s: float | None = Field(
+        None, description="median step time under chaos: above baseline_step_s when restarts and spare rebuilds "
+        "share the CPU (or network) with training, a loss none of lost_s's terms holds")
     kills: list[ChaosKill] = []
     lost_s: dict[str, float] = Field(default_factory=dict, description="time lost per term, summed over kills")
 
@@ -55,14 +60,16 @@ class ChaosReport(BaseModel):
 class ChaosRun:
     """Runs one chaos drill against the live job; the runner persists ``report`` as it goes."""
 
-    def __init__(self, hub: Hub, command: GroupCommand, report: ChaosReport,
-                 save: Callable[[], None]):
+    def __init__(self, hub: Hub, agents: AgentClient, report: ChaosReport, save: Callable[[], None],
+                 spares_timeout_s: float = 300.0):
         self.hub = hub
-        self.command = command
+        self.agents = agents
+        self.command = agents.command
+        self.spares_timeout_s = spares_timeout_s
         self.r = report
         self.save = save
         self.batches = 0  # highest batches_committed any rank 0 reported
-        self.step_times: list[float] = []
+        self.step_times: dict[str, list[float]] = {}  # by phase: baseline, chaos, settling
         self.open: dict[int, ChaosKill] = {}
 
     def _observe(self, e: dict) -> None:
@@ -74,7 +81,7 @@ class ChaosRun:
             return
         if e["type"] == "step" and e["committed"]:
             self.batches = max(self.batches, e["batches_committed"])
-            self.step_times.append(e["step_s"])
+            self.step_times.setdefault(self.r.phase, []).append(e["step_s"])
         for kill in self.open.values():
             if e["group"] != kill.group:
                 if e["type"] == "torchft" and e["logger"] == "torchft_quorums" and kill.detected_at is None \
@@ -113,7 +120,20 @@ class ChaosRun:
         await asyncio.sleep(seconds)
         return (self.batches - start_batches) / (time.time() - start)
 
+    async def _wait_for_spares(self) -> None:
+        """A warm spare still building takes CPU from the training beside it: the failure-free
+        rate is measured once none is."""
+        self.r.phase = "spares"
+        self.save()
+        deadline = time.time() + self.spares_timeout_s
+        while building := [g for g in sorted(self.hub.views) if (await self.agents.status(g))["spare"] == "starting"]:
+            if time.time() > deadline:
+                raise HTTPException(409, f"the warm spare of group {building[0]} is not ready after "
+                                         f"{self.spares_timeout_s:.0f}s; see that agent's log")
+            await asyncio.sleep(1.0)
+
     async def _baseline(self) -> None:
+        await self._wait_for_spares()
         self.r.phase = "baseline"
         self.save()
         await asyncio.sleep(2.0)  # let the consumer catch up with the current batch count
@@ -171,8 +191,12 @@ class ChaosRun:
         deadline = time.time() + timeout_s
         while self.open and time.time() < deadline:
             await asyncio.sleep(0.5)
-        step_s = statistics.median(self.step_times) if self.step_times else 0.0
+        every = [t for times in self.step_times.values() for t in times]
+        step_s = statistics.median(every) if every else 0.0
         self.r.median_step_s = step_s
+        self.r.baseline_step_s, self.r.chaos_step_s = (
+            statistics.median(self.step_times[phase]) if self.step_times.get(phase) else None
+            for phase in ("baseline", "chaos"))
         measured = [k for k in self.r.kills if k.heal_s is not None]
         self.r.lost_s = {
             "detect": sum(k.detect_s for k in measured),

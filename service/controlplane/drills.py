@@ -56,7 +56,7 @@ class DrillRunner:
 
         async def main() -> None:
             try:
-                await ChaosRun(self.hub, self.agents.command, report, save).run()
+                await ChaosRun(self.hub, self.agents, report, save).run()
                 report.phase = "done"
                 save("done")
             except HTTPException as err:
@@ -88,7 +88,7 @@ class DrillRunner:
 
     async def _kill_heal(self, drill_id: int, r: KillHealReport, timeout_s: float) -> None:
         try:
-            await KillHealRun(self.hub, self.agents.command, r, lambda: self._save(drill_id, r), self.nproc,
+            await KillHealRun(self.hub, self.agents, r, lambda: self._save(drill_id, r), self.nproc,
                               timeout_s).run()
             r.phase = "done"
             self._save(drill_id, r, "done")

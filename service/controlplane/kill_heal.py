@@ -16,16 +16,16 @@ from typing import Callable
 
 from fastapi import HTTPException
 
-from service.controlplane.agents import GroupCommand
+from service.controlplane.agents import AgentClient
 from service.controlplane.hub import Hub
 from service.controlplane.models import KillHealReport
 
 
 class KillHealRun:
-    def __init__(self, hub: Hub, command: GroupCommand, report: KillHealReport, save: Callable[[], None],
+    def __init__(self, hub: Hub, agents: AgentClient, report: KillHealReport, save: Callable[[], None],
                  nproc_per_group: int, timeout_s: float):
         self.hub = hub
-        self.command = command
+        self.command = agents.command
         self.r = report
         self.save = save
         self.nproc = nproc_per_group
