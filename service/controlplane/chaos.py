@@ -21,6 +21,7 @@ from typing import Callable
 from fastapi import HTTPException
 from pydantic import BaseModel, Field
 
+from service.controlplane import group_control
 from service.controlplane.agents import AgentClient
 from service.controlplane.hub import Hub
 
@@ -64,7 +65,6 @@ class ChaosRun:
                  spares_timeout_s: float = 300.0):
         self.hub = hub
         self.agents = agents
-        self.command = agents.command
         self.spares_timeout_s = spares_timeout_s
         self.r = report
         self.save = save
@@ -158,8 +158,7 @@ class ChaosRun:
                     # registered before the command: the survivors' reaction can arrive while it runs
                     kill = ChaosKill(group=victim, killed_at=time.time())
                     self.open[victim] = kill
-                    await self.command(victim, "kill")
-                    self.hub.force(victim, "down", "killed", since=kill.killed_at)
+                    await group_control.kill(self.agents, self.hub, victim, kill.killed_at)
                     self.r.kills.append(kill)
                     rejoins.append((kill.killed_at + self.r.rejoin_delay_s, kill))
                     self.save()
@@ -172,17 +171,10 @@ class ChaosRun:
 
     async def _rejoin(self, kill: ChaosKill) -> None:
         """Rejoin a killed group, unless its agent has restarted it already."""
-        if kill.rejoined_at is not None:
-            return
-        kill.rejoined_at = time.time()  # before the command, as for kills
-        try:
-            await self.command(kill.group, "rejoin")
-        except HTTPException as err:
-            if err.status_code != 409:
-                raise
-            kill.rejoined_at = None  # its agent restarted it at this moment: its process event tells when
-            return
-        self.hub.force(kill.group, "starting", None, since=kill.rejoined_at)
+        if kill.rejoined_at is None:
+            sent = await group_control.rejoin_unless_restarted(self.agents, self.hub, kill.group)
+            if sent is not None:  # else its agent restarted it at this moment, and its process event tells when
+                kill.rejoined_at = sent
 
     async def _settle(self, timeout_s: float = 120.0) -> None:
         """Wait for the last heals, then add up the time lost per term."""

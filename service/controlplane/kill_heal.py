@@ -14,8 +14,7 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-from fastapi import HTTPException
-
+from service.controlplane import group_control
 from service.controlplane.agents import AgentClient
 from service.controlplane.hub import Hub
 from service.controlplane.models import KillHealReport
@@ -25,7 +24,7 @@ class KillHealRun:
     def __init__(self, hub: Hub, agents: AgentClient, report: KillHealReport, save: Callable[[], None],
                  nproc_per_group: int, timeout_s: float):
         self.hub = hub
-        self.command = agents.command
+        self.agents = agents
         self.r = report
         self.save = save
         self.nproc = nproc_per_group
@@ -85,8 +84,7 @@ class KillHealRun:
         try:
             r.phase = "kill"
             r.killed_at = time.time()
-            await self.command(g, "kill")
-            self.hub.force(g, "down", "killed", since=r.killed_at)
+            await group_control.kill(self.agents, self.hub, g, r.killed_at)
             self.save()
 
             r.phase = "survivors"
@@ -125,13 +123,8 @@ class KillHealRun:
         r = self.r
         if r.rejoined_at is not None:
             return
-        rejoined_at = time.time()
-        try:
-            await self.command(r.group, "rejoin")
-        except HTTPException as err:
-            if err.status_code != 409:
-                raise
+        sent = await group_control.rejoin_unless_restarted(self.agents, self.hub, r.group)
+        if sent is None:
             await self.until(queue, lambda: r.rejoined_at is not None, f"group {r.group}'s agent to restart it")
-            return
-        r.rejoined_at, r.rejoined_by = rejoined_at, "drill"
-        self.hub.force(r.group, "starting", None, since=rejoined_at)
+        else:
+            r.rejoined_at, r.rejoined_by = sent, "drill"

@@ -4,6 +4,7 @@ import time
 
 from fastapi import APIRouter, Depends, HTTPException
 
+from service.controlplane import group_control
 from service.controlplane.deps import Services, group_out, group_view, services
 from service.controlplane.groups import GroupView
 from service.controlplane.models import CommandOut, GroupOut
@@ -37,9 +38,7 @@ async def kill_group(view: GroupView = Depends(group_view), s: Services = Depend
         raise HTTPException(409, f"group {view.group} is already down ({view.transition.reason}); rejoin it first")
     if s.drills.running:
         raise HTTPException(409, f"drill {s.drills.current_id} is running; it controls the groups until it ends")
-    sent = time.time()
-    agent = await s.agents.command(view.group, "kill")
-    s.hub.force(view.group, "down", "killed", since=sent)
+    agent = await group_control.kill(s.agents, s.hub, view.group, time.time())
     return CommandOut(group=view.group, action="kill", group_state=group_out(view), agent=agent)
 
 
@@ -50,7 +49,5 @@ async def rejoin_group(view: GroupView = Depends(group_view), s: Services = Depe
         raise HTTPException(409, f"group {view.group} is {view.state}, not down; only a down group can rejoin")
     if s.drills.running:
         raise HTTPException(409, f"drill {s.drills.current_id} is running; it controls the groups until it ends")
-    sent = time.time()
-    agent = await s.agents.command(view.group, "rejoin")
-    s.hub.force(view.group, "starting", None, since=sent)
+    agent = await group_control.rejoin(s.agents, s.hub, view.group, time.time())
     return CommandOut(group=view.group, action="rejoin", group_state=group_out(view), agent=agent)
