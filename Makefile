@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 GROUPS ?= 2
-NPROC ?= 2
+RANKS ?= 2
 STEPS ?= 2000
 # Debian packages the tests use: promtool and a real Prometheus, Chromium and its driver.
 SYSTEM_TOOLS := prometheus promtool chromium chromedriver
@@ -29,7 +29,7 @@ system-deps:
 	fi
 
 up: $(STAMP)
-	$(VENV)/bin/ftctl up --groups $(GROUPS) --nproc-per-group $(NPROC) --steps $(STEPS)
+	$(VENV)/bin/ftctl up --groups $(GROUPS) --ranks-per-group $(RANKS) --steps $(STEPS)
 
 test: $(STAMP) system-deps
 	$(PY) -m pytest -q

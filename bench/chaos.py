@@ -26,7 +26,7 @@ def main() -> None:
     add_recovery_options(parser)
     parser.add_argument("--out", type=Path, default=Path("bench-chaos.json"))
     args = parser.parse_args()
-    up = Up(Path(tempfile.mkdtemp(prefix="ftbench-chaos-")) / "state", args.groups, args.nproc,
+    up = Up(Path(tempfile.mkdtemp(prefix="ftbench-chaos-")) / "state", args.groups, args.ranks_per_group,
             ["--fingerprint-every=5"], **recovery_settings(args))
     try:
         up.wait_training()

@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 
 from bench.common import REPO
-from service.proctree import process_tree, wait_gone
-from trainer.launch import free_port
+from service.proctree import kill_tree, process_tree
+from protocol.torchrun import free_port
 
 
 def read_events(events_dir: Path) -> list[dict]:
@@ -23,16 +23,16 @@ def read_events(events_dir: Path) -> list[dict]:
 
 
 class ClassicJob:
-    def __init__(self, workdir: Path, groups: int, nproc: int, trainer_args: list[str], max_restarts: int,
+    def __init__(self, workdir: Path, groups: int, ranks_per_group: int, trainer_args: list[str], max_restarts: int,
                  checkpoint_every: int | None):
         self.events_dir = workdir / "events"
-        args = ["--groups", str(groups), "--nproc-per-node", str(nproc), "--steps", "1000000",
+        args = ["--groups", str(groups), "--ranks-per-group", str(ranks_per_group), "--steps", "1000000",
                 "--events-dir", str(self.events_dir), *trainer_args]
         if checkpoint_every:
             args += ["--checkpoint-dir", str(workdir / "ckpt"), "--checkpoint-every", str(checkpoint_every)]
         self.log = open(workdir / "classic.log", "wb")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc-per-node={groups * nproc}",
+            [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc-per-node={groups * ranks_per_group}",
              "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}", "--rdzv-id=classic",
              f"--max-restarts={max_restarts}",
              "--monitor-interval=0.1", "-m", "bench.classic_trainer", *args],
@@ -63,9 +63,6 @@ class ClassicJob:
         return when
 
     def stop(self) -> None:
-        pids = [p.pid for p in process_tree(self.proc.pid)]
-        for p in process_tree(self.proc.pid)[::-1]:
-            p.kill()
-        wait_gone(pids, 10)
-        self.proc.wait(30)
+        kill_tree(self.proc.pid)
+        self.proc.wait()
         self.log.close()

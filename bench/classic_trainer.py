@@ -7,7 +7,7 @@ Recovery is what torchrun --max-restarts gives: every rank restarts and resumes 
 newest complete DCP checkpoint, redoing the steps since.
 
     TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --nproc-per-node G*K --max-restarts 3 \\
-        -m bench.classic_trainer --groups G --nproc-per-node K --checkpoint-dir D ...
+        -m bench.classic_trainer --groups G --ranks-per-group K --checkpoint-dir D ...
 
 (``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``: with torch 2.13 and gloo a restart otherwise fails,
 workers reading the previous attempt's addresses; pytorch/pytorch#135712.)
@@ -49,13 +49,13 @@ def main() -> int:
     device, backend = init_device(cfg)
     dist.init_process_group(backend)
     world, global_rank = dist.get_world_size(), dist.get_rank()
-    ranks = cfg.nproc_per_node
-    assert world == cfg.groups * ranks, f"world {world} != groups {cfg.groups} x ranks {ranks}"
-    group, rank = divmod(global_rank, ranks)
-    mesh = init_device_mesh(device.type, (cfg.groups, ranks), mesh_dim_names=("dp_replicate", "dp_shard"))
+    ranks_per_group = cfg.ranks_per_group
+    assert world == cfg.groups * ranks_per_group, f"world {world} != groups {cfg.groups} x {ranks_per_group} ranks"
+    group, rank = divmod(global_rank, ranks_per_group)
+    mesh = init_device_mesh(device.type, (cfg.groups, ranks_per_group), mesh_dim_names=("dp_replicate", "dp_shard"))
     t_pg = time.time()
     sink = EventSink(cfg.events_dir, group, rank)
-    training = build_training(cfg, mesh, device, group, rank, ranks)
+    training = build_training(cfg, mesh, device, group, rank, ranks_per_group)
     counter = StepCount()
     checkpointer = None
     t_ckpt0 = time.time()
@@ -64,7 +64,7 @@ def main() -> int:
             training.live.restore_checkpoint(state)
             counter.load_state_dict(state["progress"])
 
-        checkpointer = Checkpointer(cfg.checkpoint_dir, 0, cfg.checkpoint_keep,
+        checkpointer = Checkpointer(cfg.checkpoint_dir, 0, cfg.checkpoint_keep, cfg.checkpoint_every,
                                     state=lambda: {**training.live.checkpoint_state(), "progress": counter.state_dict()},
                                     restore=restore)
         found = checkpointer.choose(lambda path, reason: None)
@@ -73,7 +73,7 @@ def main() -> int:
             sink.emit(CheckpointEvent, action="loaded", step=found.step, seconds=seconds, path=str(found.path))
     t_ckpt = time.time()
     sink.emit(StartEvent, pid=os.getpid(), replica_id=f"classic-restart{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}",
-              ranks_per_group=ranks, device=str(device), flavor=cfg.flavor, parameters=training.parameters,
+              ranks_per_group=ranks_per_group, device=str(device), flavor=cfg.flavor, parameters=training.parameters,
               imports_s=t_imports - PROCESS_START, process_group_s=t_pg - t_imports, data_s=training.data_s,
               model_s=training.model_s, checkpoint_s=t_ckpt - t_ckpt0, manager_s=0.0, resumed_step=counter.step)
     while counter.step < cfg.steps:
@@ -88,7 +88,7 @@ def main() -> int:
                   lr=training.optimizer.param_groups[0]["lr"], step_s=step_s, compute_s=step_s, allreduce_s=0.0,
                   commit_s=0.0, quorum_id=0, participants=cfg.groups, participating=True, healed=False,
                   batches_committed=counter.step * cfg.groups, batches_skipped=0)
-        if checkpointer and counter.step % cfg.checkpoint_every == 0:
+        if checkpointer and checkpointer.due(counter.step):
             path, seconds = checkpointer.save(counter.step)
             sink.emit(CheckpointEvent, action="saved", step=counter.step, seconds=seconds, path=str(path))
         if cfg.step_sleep_s:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -13,18 +12,21 @@ from pathlib import Path
 
 import httpx
 
-from service.proctree import process_tree, wait_gone
-from trainer.launch import free_port
+from protocol import defaults
+from service.proctree import end_tree
+from protocol.torchrun import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 TOKEN = "bench-token"
+STOP_GRACE_S = 120.0
+"""`ftctl up` stops agents (each its group), the control plane and the Lighthouse in turn."""
 
 
 def job_parser(doc: str | None) -> argparse.ArgumentParser:
     """Every benchmark's parser: its docstring as help, and the job's shape."""
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--groups", type=int, default=2, help="replica groups")
-    parser.add_argument("--nproc", type=int, default=2, help="ranks per group")
+    parser.add_argument("--ranks-per-group", type=int, default=2, help="ranks per group")
     return parser
 
 
@@ -33,7 +35,8 @@ def add_recovery_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--spares", action="store_true", help="a warm spare per group")
     parser.add_argument("--failover", action="store_true",
                         help="agents restart a killed group at once (--auto-rejoin-delay 0) instead of the drill later")
-    parser.add_argument("--join-timeout-ms", type=int, default=1000, help="the Lighthouse's join timeout")
+    parser.add_argument("--join-timeout-ms", type=int, default=defaults.JOIN_TIMEOUT_MS,
+                        help="the Lighthouse's join timeout")
 
 
 def recovery_settings(args: argparse.Namespace) -> dict:
@@ -43,8 +46,8 @@ def recovery_settings(args: argparse.Namespace) -> dict:
 
 
 def describe_recovery(args: argparse.Namespace) -> str:
-    return (f"heartbeat timeout 1 s, join timeout {args.join_timeout_ms} ms, spares {'on' if args.spares else 'off'}, "
-            f"rejoin {'by the agent at once' if args.failover else 'by the drill'}")
+    return (f"heartbeat timeout {defaults.HEARTBEAT_TIMEOUT_MS} ms, join timeout {args.join_timeout_ms} ms, "
+            f"spares {'on' if args.spares else 'off'}, rejoin {'by the agent at once' if args.failover else 'by the drill'}")
 
 
 def spread(values: list[float]) -> str:
@@ -57,14 +60,14 @@ def spread(values: list[float]) -> str:
 class Up:
     """`ftctl up` as a subprocess, with an httpx client on its API."""
 
-    def __init__(self, state_dir: Path, groups: int, nproc: int, trainer_args: list[str],
-                 heartbeat_timeout_ms: int = 1000, spares: int = 0, auto_rejoin_delay_s: float | None = None,
-                 join_timeout_ms: int = 1000):
+    def __init__(self, state_dir: Path, groups: int, ranks_per_group: int, trainer_args: list[str],
+                 heartbeat_timeout_ms: int = defaults.HEARTBEAT_TIMEOUT_MS, spares: int = 0,
+                 auto_rejoin_delay_s: float | None = None, join_timeout_ms: int = defaults.JOIN_TIMEOUT_MS):
         self.port = free_port()
         self.state_dir = state_dir
         self.log = open(state_dir.parent / f"{state_dir.name}-ftctl.log", "wb")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "service.cli", "up", "--groups", str(groups), "--nproc-per-group", str(nproc),
+            [sys.executable, "-m", "service.cli", "up", "--groups", str(groups), "--ranks-per-group", str(ranks_per_group),
              "--steps", "1000000", "--port", str(self.port), "--lighthouse-port", str(free_port()),
              "--state-dir", str(state_dir), "--heartbeat-timeout-ms", str(heartbeat_timeout_ms),
              "--join-timeout-ms", str(join_timeout_ms),
@@ -105,13 +108,9 @@ class Up:
         return drill
 
     def stop(self) -> None:
-        pids = [p.pid for p in process_tree(self.proc.pid)]
-        self.proc.send_signal(signal.SIGINT)
+        """Stop `ftctl up` as Ctrl-C does (it stops its services in order), then whatever is left."""
         try:
-            self.proc.wait(120)
+            end_tree(self.proc, STOP_GRACE_S)
         finally:
-            for p in process_tree(self.proc.pid)[::-1]:
-                p.kill()
-            wait_gone(pids, 10)
             self.api.close()
             self.log.close()

@@ -1,6 +1,6 @@
 """The kill-heal drill repeated R times on a live `ftctl up` job; medians and spread.
 
-    python -m bench.drill --repeats 5 --groups 2 --nproc 2
+    python -m bench.drill --repeats 5 --groups 2 --ranks-per-group 2
 
 Prints the recovery terms and where the rejoin time goes (the rejoined ranks' startup split
 from their `start` events), and writes JSON with every run.
@@ -15,13 +15,14 @@ import time
 from pathlib import Path
 
 from bench.common import Up, job_parser, spread
+from protocol import defaults
 
 
 def run(args) -> dict:
     state = Path(tempfile.mkdtemp(prefix="ftbench-")) / "state"
     trainer_args = [f"--seq-len={args.seq_len}", f"--batch-size={args.batch_size}", "--fingerprint-every=5",
                     "--checkpoint-every=1000000"]
-    up = Up(state, args.groups, args.nproc, trainer_args, args.heartbeat_timeout_ms)
+    up = Up(state, args.groups, args.ranks_per_group, trainer_args, args.heartbeat_timeout_ms)
     runs = []
     try:
         up.wait_training()
@@ -68,7 +69,7 @@ def main() -> None:
     parser.add_argument("--group", type=int, default=1, help="the group to kill")
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--batch-size", type=int, default=4)
-    parser.add_argument("--heartbeat-timeout-ms", type=int, default=1000)
+    parser.add_argument("--heartbeat-timeout-ms", type=int, default=defaults.HEARTBEAT_TIMEOUT_MS)
     parser.add_argument("--settle-s", type=float, default=5.0, help="pause between drills")
     parser.add_argument("--out", type=Path, default=Path("bench-drill.json"))
     args = parser.parse_args()

@@ -19,8 +19,8 @@ from bench.common import job_parser
 from bench.step_time import measure
 
 
-def classic_step_time(groups: int, nproc: int, steps: int, warmup: int, extra: list[str]) -> float:
-    job = ClassicJob(Path(tempfile.mkdtemp(prefix="ftbench-overhead-")), groups, nproc, extra, max_restarts=0,
+def classic_step_time(groups: int, ranks_per_group: int, steps: int, warmup: int, extra: list[str]) -> float:
+    job = ClassicJob(Path(tempfile.mkdtemp(prefix="ftbench-overhead-")), groups, ranks_per_group, extra, max_restarts=0,
                      checkpoint_every=None)
     try:
         job.wait_step(warmup + steps)
@@ -37,9 +37,9 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--trainer-arg", action="append", default=[])
     args = parser.parse_args()
-    ft = measure(args.groups, args.nproc, args.steps, args.warmup, args.trainer_arg)
-    classic = classic_step_time(args.groups, args.nproc, args.steps, args.warmup, args.trainer_arg)
-    print(f"{args.groups} groups × {args.nproc} ranks, {args.steps} steps after {args.warmup} warm-up, "
+    ft = measure(args.groups, args.ranks_per_group, args.steps, args.warmup, args.trainer_arg)
+    classic = classic_step_time(args.groups, args.ranks_per_group, args.steps, args.warmup, args.trainer_arg)
+    print(f"{args.groups} groups × {args.ranks_per_group} ranks, {args.steps} steps after {args.warmup} warm-up, "
           f"trainer args {args.trainer_arg or 'default'}")
     print(f"  torchft HSDP step   {ft['step_s']:.3f} s (compute {ft['compute_s']:.3f}, all-reduce wait "
           f"{ft['allreduce_s']:.3f}, should_commit+optimizer {ft['commit_s']:.3f})")

@@ -29,7 +29,7 @@ from bench.common import Up, add_recovery_options, describe_recovery, job_parser
 
 def torchft_runs(args, trainer_args: list[str]) -> list[dict]:
     state = Path(tempfile.mkdtemp(prefix="ftbench-")) / "state"
-    up = Up(state, args.groups, args.nproc, [*trainer_args, "--fingerprint-every=5"], **recovery_settings(args))
+    up = Up(state, args.groups, args.ranks_per_group, [*trainer_args, "--fingerprint-every=5"], **recovery_settings(args))
     runs = []
     try:
         up.wait_training()
@@ -52,7 +52,7 @@ def torchft_runs(args, trainer_args: list[str]) -> list[dict]:
 
 
 def classic_runs(args, trainer_args: list[str]) -> list[dict]:
-    job = ClassicJob(Path(tempfile.mkdtemp(prefix="ftbench-classic-")), args.groups, args.nproc, trainer_args,
+    job = ClassicJob(Path(tempfile.mkdtemp(prefix="ftbench-classic-")), args.groups, args.ranks_per_group, trainer_args,
                      max_restarts=args.repeats + 1, checkpoint_every=args.checkpoint_every)
     runs = []
     try:
@@ -105,7 +105,7 @@ def main() -> None:
     def col(rows, key):
         return [r[key] for r in rows if r.get(key) is not None]
 
-    print(f"\nrecovery, {args.groups} groups × {args.nproc} ranks, debugmodel, seq {args.seq_len}, "
+    print(f"\nrecovery, {args.groups} groups × {args.ranks_per_group} ranks, debugmodel, seq {args.seq_len}, "
           f"batch {args.batch_size}/group, {describe_recovery(args)}; medians")
     print(f"{'':38} {'this service':>34} {'classic (torchrun restart)':>34}")
     print(f"{'kill → survivors commit again (s)':38} {spread(col(ft, 'survivors_resume_s')):>34} {'(all ranks restart)':>34}")

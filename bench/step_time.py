@@ -16,9 +16,9 @@ from pathlib import Path
 from bench.common import Up, job_parser
 
 
-def measure(groups: int, nproc: int, steps: int, warmup: int, extra: list[str]) -> dict:
+def measure(groups: int, ranks_per_group: int, steps: int, warmup: int, extra: list[str]) -> dict:
     state = Path(tempfile.mkdtemp(prefix="ftbench-")) / "state"
-    up = Up(state, groups, nproc, ["--checkpoint-every=1000000", *extra])
+    up = Up(state, groups, ranks_per_group, ["--checkpoint-every=1000000", *extra])
     try:
         up.wait_training()
         target = warmup + steps
@@ -29,7 +29,7 @@ def measure(groups: int, nproc: int, steps: int, warmup: int, extra: list[str]) 
     finally:
         up.stop()
     pick = lambda key: statistics.median(e[key] for e in events[:steps])  # noqa: E731
-    return {"groups": groups, "nproc": nproc, "steps": len(events[:steps]), "step_s": pick("step_s"),
+    return {"groups": groups, "ranks_per_group": ranks_per_group, "steps": len(events[:steps]), "step_s": pick("step_s"),
             "compute_s": pick("compute_s"), "allreduce_s": pick("allreduce_s"), "commit_s": pick("commit_s")}
 
 
@@ -40,8 +40,8 @@ def main() -> None:
     parser.add_argument("--trainer-arg", action="append", default=[])
     args = parser.parse_args()
     for groups in (1, args.groups):
-        r = measure(groups, args.nproc, args.steps, args.warmup, args.trainer_arg)
-        print(f"{r['groups']} group(s) × {r['nproc']} ranks, {r['steps']} steps: step {r['step_s']:.3f} s "
+        r = measure(groups, args.ranks_per_group, args.steps, args.warmup, args.trainer_arg)
+        print(f"{r['groups']} group(s) × {r['ranks_per_group']} ranks, {r['steps']} steps: step {r['step_s']:.3f} s "
               f"(compute {r['compute_s']:.3f}, all-reduce wait {r['allreduce_s']:.3f}, commit+optimizer {r['commit_s']:.3f})",
               flush=True)
 

@@ -88,7 +88,7 @@ def panels() -> list:
               "Age of the newest checkpoint; events received and dropped by agents.")
         .with_target(query("A", "time() - ftctl_checkpoint_last_save_timestamp_seconds", "checkpoint age (s)"))
         .with_target(query("B", "rate(ftctl_events_received_total[1m])", "events/s"))
-        .with_target(query("C", "ftctl_events_dropped", "dropped g{{group}}")),
+        .with_target(query("C", "increase(ftctl_events_dropped_total[5m])", "dropped in 5 min g{{group}}")),
     ]
 
 

@@ -6,40 +6,58 @@ from contextlib import asynccontextmanager
 
 import httpx
 from fastapi import FastAPI, HTTPException, Response
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
-from pydantic import BaseModel
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from lighthouse.config import LighthouseSettings
-from lighthouse.status import LighthouseStatus, StatusFormatError, parse_status
+from lighthouse.status import StatusFormatError, parse_status
 from lighthouse.supervisor import LighthouseSupervisor
+from protocol.lighthouse import HEALTH_PATH, STATUS_PATH, LighthouseHealth, LighthouseStatus
 
 
-class Health(BaseModel):
-    ok: bool
-    pid: int | None
-    restarts: int
-    lighthouse_url: str
-    error: str | None = None
+class LighthouseCollector:
+    """The Lighthouse's metrics, read when Prometheus scrapes: the supervisor's counts and the
+    last status page that could be read (kept while the Lighthouse is away; ``up`` says so)."""
+
+    def __init__(self, settings: LighthouseSettings, supervisor: LighthouseSupervisor):
+        self.settings = settings
+        self.supervisor = supervisor
+        self.up = False
+        self.status: LighthouseStatus | None = None
+
+    def collect(self):
+        s = self.status
+        yield GaugeMetricFamily("ftctl_lighthouse_up", "1 when torchft's Lighthouse answers its status page",
+                                value=float(self.up))
+        yield CounterMetricFamily("ftctl_lighthouse_restarts", "times the wrapper restarted a dead Lighthouse",
+                                  value=self.supervisor.restarts)
+        yield GaugeMetricFamily("ftctl_lighthouse_min_replicas", "configured min_replicas",
+                                value=self.settings.min_replicas)
+        if s is None:
+            return
+        yield GaugeMetricFamily("ftctl_lighthouse_quorum_id", "current quorum id", value=s.quorum_id)
+        yield GaugeMetricFamily("ftctl_lighthouse_quorum_participants", "replica groups in the last quorum",
+                                value=len(s.members))
+        yield GaugeMetricFamily("ftctl_lighthouse_heartbeating_replicas",
+                                "replica groups heartbeating within the timeout",
+                                value=len([h for h in s.heartbeats if not h.stale]))
+        age = GaugeMetricFamily("ftctl_lighthouse_heartbeat_age_seconds", "seconds since a group's last heartbeat",
+                                labels=["group"])
+        for beat in s.heartbeats:
+            if beat.group is not None:
+                age.add_metric([str(beat.group)], beat.age_s)
+        yield age
 
 
 def create_app(settings: LighthouseSettings, supervisor: LighthouseSupervisor) -> FastAPI:
-    client = httpx.AsyncClient(base_url=settings.local_url, timeout=2.0)
+    client = httpx.AsyncClient(base_url=settings.local_url, timeout=settings.status_timeout_s)
+    collector = LighthouseCollector(settings, supervisor)
     registry = CollectorRegistry()
-    up = Gauge("ftctl_lighthouse_up", "1 when torchft's Lighthouse answers its status page", registry=registry)
-    restarts = Counter("ftctl_lighthouse_restarts", "times the wrapper restarted a dead Lighthouse", registry=registry)
-    quorum_id = Gauge("ftctl_lighthouse_quorum_id", "current quorum id", registry=registry)
-    members = Gauge("ftctl_lighthouse_quorum_participants", "replica groups in the last quorum", registry=registry)
-    heartbeating = Gauge("ftctl_lighthouse_heartbeating_replicas", "replica groups heartbeating within the timeout",
-                         registry=registry)
-    min_replicas = Gauge("ftctl_lighthouse_min_replicas", "configured min_replicas", registry=registry)
-    heartbeat_age = Gauge("ftctl_lighthouse_heartbeat_age_seconds", "seconds since a group's last heartbeat",
-                          ["group"], registry=registry)
-    min_replicas.set(settings.min_replicas)
-    counted_restarts = [0]
+    registry.register(collector)
 
     async def fetch() -> LighthouseStatus:
         try:
-            page = (await client.get("/status")).raise_for_status().text
+            page = (await client.get(STATUS_PATH)).raise_for_status().text
         except httpx.HTTPError as err:
             raise HTTPException(503, f"the Lighthouse at {settings.local_url} does not answer: {err}") from None
         try:
@@ -58,41 +76,30 @@ def create_app(settings: LighthouseSettings, supervisor: LighthouseSupervisor) -
 
     app = FastAPI(title="torchft Lighthouse wrapper", lifespan=lifespan)
 
-    @app.get("/status", response_model=LighthouseStatus)
+    @app.get(STATUS_PATH, response_model=LighthouseStatus)
     async def status() -> LighthouseStatus:
         """The quorum as the Lighthouse sees it (parsed from its /status page)."""
         return await fetch()
 
-    @app.get("/healthz", response_model=Health, responses={503: {"model": Health}})
-    async def healthz(response: Response) -> Health:
+    @app.get(HEALTH_PATH, response_model=LighthouseHealth, responses={503: {"model": LighthouseHealth}})
+    async def healthz(response: Response) -> LighthouseHealth:
         error = None
         try:
             await fetch()
         except HTTPException as err:
             error = err.detail
-        health = Health(ok=error is None and supervisor.alive(), pid=supervisor.pid,
-                        restarts=supervisor.restarts, lighthouse_url=settings.local_url, error=error)
+        health = LighthouseHealth(ok=error is None and supervisor.alive(), pid=supervisor.pid,
+                                  restarts=supervisor.restarts, lighthouse_url=settings.local_url, error=error)
         if not health.ok:
             response.status_code = 503
         return health
 
-    @app.get("/metrics")
+    @app.get("/metrics", include_in_schema=False)
     async def metrics() -> Response:
-        restarts.inc(supervisor.restarts - counted_restarts[0])
-        counted_restarts[0] = supervisor.restarts
         try:
-            state = await fetch()
+            collector.status, collector.up = await fetch(), True
         except HTTPException:
-            up.set(0)
-        else:
-            up.set(1)
-            quorum_id.set(state.quorum_id)
-            members.set(len(state.members))
-            heartbeating.set(len([h for h in state.heartbeats if not h.stale]))
-            heartbeat_age.clear()
-            for beat in state.heartbeats:
-                if beat.group is not None:
-                    heartbeat_age.labels(str(beat.group)).set(beat.age_s)
+            collector.up = False
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     return app

@@ -1,7 +1,8 @@
 """A JSON view of the Lighthouse, parsed from the HTML fragment torchft 0.2.0 serves at /status.
 
-torchft has no JSON endpoint. This parser is pinned to torchft 0.2.0's template and checked
-against the real Lighthouse by tests/test_lighthouse_contract.py: a torchft upgrade that
+torchft has no JSON endpoint. This parser fills ``protocol.lighthouse.LighthouseStatus``; it is
+pinned to torchft 0.2.0's template and checked against the real Lighthouse by
+tests/test_lighthouse.py (with 0, 1 and 2 members): a torchft upgrade that
 changes the page fails there (and :class:`StatusFormatError` here) instead of silently
 returning an empty quorum.
 """
@@ -11,51 +12,12 @@ from __future__ import annotations
 import html
 import re
 
-from pydantic import BaseModel, Field
-
-REPLICA_GROUP_RE = re.compile(r"(\d+)$")
+from protocol.lighthouse import Heartbeat, LighthouseStatus, NextQuorum, QuorumMember
+from protocol.replicas import group_of
 
 
 class StatusFormatError(ValueError):
     """The /status page no longer has the shape this parser was written for."""
-
-
-class QuorumMember(BaseModel):
-    replica_id: str = Field(description="torchft replica id: name:uuid, new on every start")
-    group: int | None = Field(description="stable replica-group id, from the name's trailing digits")
-    step: int
-    manager_address: str
-    store_address: str
-    world_size: int
-    recovering: bool
-
-
-class Heartbeat(BaseModel):
-    replica_id: str
-    group: int | None
-    age_s: float
-    stale: bool = Field(description="the Lighthouse marks it old (past its heartbeat timeout)")
-
-
-class NextQuorum(BaseModel):
-    text: str = Field(description="the Lighthouse's own words, e.g. 'Fast quorum found! ...'")
-    healthy_participants: int | None = None
-    participants: int | None = None
-    heartbeating: int | None = None
-
-
-class LighthouseStatus(BaseModel):
-    quorum_id: int
-    next_quorum: NextQuorum
-    previous_quorum_id: int | None = None
-    quorum_age_s: float | None = None
-    members: list[QuorumMember] = []
-    heartbeats: list[Heartbeat] = []
-
-
-def group_of(replica_id: str) -> int | None:
-    match = REPLICA_GROUP_RE.search(replica_id.split(":", 1)[0])
-    return int(match.group(1)) if match else None
 
 
 def _required(pattern: str, text: str, what: str) -> re.Match:

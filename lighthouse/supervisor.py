@@ -52,14 +52,15 @@ class LighthouseSupervisor:
             self.restarts += 1
             self._spawn()
 
-    def stop(self, timeout_s: float = 5.0) -> None:
+    def stop(self) -> None:
+        """SIGTERM the Lighthouse (one process, no children) and SIGKILL it if it lingers."""
         self._stopping.set()
         with self._lock:
             proc = self.proc
         if proc and proc.poll() is None:
             proc.terminate()
             try:
-                proc.wait(timeout_s)
+                proc.wait(self.settings.stop_timeout_s)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()

@@ -8,9 +8,12 @@ stream: the trainer builds these models, the agent and the control plane parse t
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Union
+from typing import Annotated, Literal, Union, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+ExitKind = Literal["killed", "crashed", "stopped", "finished"]
+"""How a group's processes ended, as its agent saw it: the reason a group is down."""
 
 
 class GroupEvent(BaseModel):
@@ -30,7 +33,7 @@ class ProcessEvent(GroupEvent):
     """The group's agent started, lost or stopped the group's torchrun process tree."""
 
     type: Literal["process"] = "process"
-    action: Literal["started", "killed", "crashed", "stopped", "finished"]
+    action: Literal["started"] | ExitKind
     pid: int | None = None
     returncode: int | None = None
     detail: str | None = None
@@ -163,10 +166,8 @@ Event = Annotated[
     Field(discriminator="type"),
 ]
 EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
-EVENT_TYPES: tuple[str, ...] = (
-    "start", "step", "quorum", "heal", "commit_failed", "checkpoint", "fingerprint", "exit",
-    "torchft", "process",
-)
+EVENT_TYPES: tuple[str, ...] = tuple(get_args(m.model_fields["type"].annotation)[0]
+                                     for m in get_args(get_args(Event)[0]))
 
 
 def events_file_name(group: int, rank: int) -> str:
@@ -177,8 +178,13 @@ def events_file_glob(group: int) -> str:
     return f"g{group}-r*.jsonl"
 
 
-EVENT_LIST_ADAPTER: TypeAdapter[list[Event]] = TypeAdapter(list[Event])
-
-
 def parse_event(line: str | bytes) -> Event:
     return EVENT_ADAPTER.validate_json(line)
+
+
+def speaks_for_group(event: Event) -> bool:
+    """Rank 0 speaks for its group: every rank steps, heals and changes quorum together, so
+    the group's step, loss, heal and quorum are what its rank 0 reports. The agent's process
+    events speak for the group too; the other ranks' events count only where each rank
+    matters on its own (fingerprints, exits)."""
+    return isinstance(event, ProcessEvent) or event.rank == 0

@@ -2,39 +2,114 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import signal
 import sys
 import time
 from pathlib import Path
+from typing import Literal
 
 import httpx
+from pydantic import AliasChoices, BaseModel, Field
+from pydantic_settings import BaseSettings, CliPositionalArg, CliSubCommand, SettingsConfigDict
 from rich.console import Console
 from rich.live import Live
 
+from protocol.settings import fail, parse_settings
 from service.auth import new_token
-from service.client import DEFAULT_STATE_DIR, ApiError, Connection
-from service.launcher import Cluster, StartupError, UpConfig
+from service.client import DEFAULT_API, DEFAULT_STATE_DIR, ApiError, Connection
+from service.launcher import LocalJob, StartupError, UpSettings
 from service.view import cluster_view, drill_table
 
 console = Console()
-err_console = Console(stderr=True)
+err_console = Console(stderr=True, soft_wrap=True)  # an error stays one line
+DRILL_POLL_S = 0.5
+"""How often a running drill's report is read while the terminal shows its phase."""
 
 
-def _connection(args) -> Connection:
-    return Connection.resolve(args.api, args.token, Path(args.state_dir))
+class ApiFlags(BaseModel):
+    """Where the control plane is: flags, then FTCTL_API / FTCTL_TOKEN, then what `ftctl up` saved."""
+
+    api: str | None = Field(None, description=f"control-plane URL (env FTCTL_API; default: what `ftctl up` saved, "
+                            f"else {DEFAULT_API})")
+    token: str | None = Field(None, description="bearer token (env FTCTL_TOKEN; default: what `ftctl up` saved)")
+    state_dir: Path = Field(DEFAULT_STATE_DIR, description="where `ftctl up` keeps its state")
+
+    def connection(self) -> Connection:
+        return Connection.resolve(self.api, self.token, self.state_dir)
 
 
-def cmd_up(args) -> int:
+class StatusCommand(ApiFlags):
+    as_json: bool = Field(False, validation_alias=AliasChoices("json"), description="print the API's JSON")
+
+
+class GroupCommand(ApiFlags):
+    group: CliPositionalArg[int] = Field(description="the replica group")
+
+
+class DrillCommand(ApiFlags):
+    kind: CliPositionalArg[Literal["kill-heal", "chaos"]] = Field(description="kill-heal or chaos")
+    group: int | None = Field(None, ge=0, description="kill-heal: the group to kill")
+    timeout: float | None = Field(None, gt=0, description="kill-heal: seconds per phase (default: the control plane's)")
+    mtbf: float = Field(30.0, gt=0, description="chaos: mean seconds between kills")
+    duration: float = Field(120.0, gt=0, description="chaos: seconds of chaos")
+    seed: int = Field(0, description="chaos: random seed (same seed, same kills)")
+    rejoin_delay: float | None = Field(None, ge=0, description="chaos: seconds before a killed group rejoins "
+                                       "(default: the control plane's)")
+    baseline: float | None = Field(None, gt=0, description="chaos: failure-free seconds measured first "
+                                   "(default: the control plane's)")
+    as_json: bool = Field(False, validation_alias=AliasChoices("json"), description="print the report's JSON")
+
+    def body(self) -> dict:
+        if self.kind == "kill-heal":
+            if self.group is None:
+                raise ApiError("drill kill-heal needs --group G")
+            fields = {"group": self.group, "timeout_s": self.timeout}
+        else:
+            fields = {"mtbf_s": self.mtbf, "duration_s": self.duration, "seed": self.seed,
+                      "rejoin_delay_s": self.rejoin_delay, "baseline_s": self.baseline}
+        return {"kind": self.kind, **{k: v for k, v in fields.items() if v is not None}}
+
+
+class EventsCommand(ApiFlags):
+    follow: bool = Field(False, validation_alias=AliasChoices("f", "follow"), description="stream new events")
+    group: int | None = Field(None, ge=0, description="only this group's events")
+    type: str | None = Field(None, description="only events of this type")
+    limit: int = Field(50, ge=1, le=1000, description="stored events printed first")
+    since: float | None = Field(None, gt=0, description="only the last N seconds")
+
+
+class LedgerCommand(BaseModel):
+    gpus: list[int] = Field([1024, 16384], description="cluster sizes (repeat the flag, or 1024,16384)")
+    gpu_mtbf_hours: float = Field(50_000.0, gt=0, description="per-GPU MTBF (Llama 3: 16,384 GPUs, "
+                                  "419 interruptions in 54 days: ~50,700 h)")
+    detect: float = Field(600.0, ge=0, description="T_d seconds (NCCL watchdog default 600)")
+    restart: float = Field(300.0, ge=0, description="T_r seconds (relaunch, rendezvous, comm init)")
+    load: float = Field(120.0, ge=0, description="T_l seconds (checkpoint load, or heal)")
+    delta: float = Field(300.0, ge=0, description="exposed seconds of one checkpoint")
+    tau: list[float] = Field([], description="fixed checkpoint intervals to show, in minutes")
+
+
+class Ftctl(BaseSettings):
+    """ftctl: start a fault-tolerant HSDP job on torchft and drive it."""
+
+    model_config = SettingsConfigDict(cli_prog_name="ftctl", cli_kebab_case=True, cli_implicit_flags=True,
+                                      cli_exit_on_error=True)
+
+    up: CliSubCommand[UpSettings] = Field(description="start the Lighthouse, the control plane and N replica groups")
+    status: CliSubCommand[StatusCommand] = Field(description="quorum and groups, once")
+    kill: CliSubCommand[GroupCommand] = Field(description="SIGKILL a replica group's processes")
+    rejoin: CliSubCommand[GroupCommand] = Field(description="start a down group again; it heals from a peer")
+    drill: CliSubCommand[DrillCommand] = Field(description="run a drill and print its report")
+    events: CliSubCommand[EventsCommand] = Field(description="print events; --follow streams new ones")
+    ledger: CliSubCommand[LedgerCommand] = Field(description="goodput under failures at scale "
+                                                 "(the seed's availability model)")
+
+
+def cmd_up(cfg: UpSettings) -> int:
     token = os.environ.get("FTCTL_TOKEN") or new_token()
-    cfg = UpConfig(groups=args.groups, nproc_per_group=args.nproc_per_group, steps=args.steps, port=args.port,
-                   host=args.host, state_dir=Path(args.state_dir), lighthouse_port=args.lighthouse_port,
-                   token=token, trainer_args=args.trainer_arg or [], auto_rejoin_delay_s=args.auto_rejoin_delay,
-                   min_replicas=args.min_replicas, heartbeat_timeout_ms=args.heartbeat_timeout_ms,
-                   join_timeout_ms=args.join_timeout_ms, spares=args.spares)
-    cluster = Cluster(cfg)
+    job = LocalJob(cfg, token)
     stopping = {"flag": False}
 
     def on_signal(signum, frame):
@@ -44,12 +119,12 @@ def cmd_up(args) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     try:
         with console.status("starting the Lighthouse, the control plane and the agents…"):
-            cluster.start()
+            job.start()
     except StartupError as err:
-        cluster.stop()
+        job.stop()
         err_console.print(f"ftctl: error: {err}")
         return 1
-    header = (f"API  [bold]{cfg.api}[/]  (docs {cfg.api}/docs)   Lighthouse {cluster.lighthouse_url}\n"
+    header = (f"API  [bold]{cfg.api}[/]  (docs {cfg.api}/docs)   Lighthouse {job.lighthouse_url}\n"
               f"token [bold]{token}[/]   state {cfg.state_dir}/   Ctrl-C stops everything")
     console.print(header.replace("[bold]", "").replace("[/]", ""))
     conn = Connection(cfg.api, token)
@@ -57,7 +132,7 @@ def cmd_up(args) -> int:
     try:
         with Live(console=console, refresh_per_second=2, transient=False) as live:
             while not stopping["flag"]:
-                for name in cluster.revive():
+                for name in job.revive():
                     console.print(f"[yellow]{name} had exited; restarted it[/]")
                 try:
                     quorum = conn.call("GET", "/api/v1/quorum")
@@ -67,10 +142,10 @@ def cmd_up(args) -> int:
                         break
                 except ApiError as err:
                     live.update(f"[red]{err}[/]")
-                time.sleep(args.refresh)
+                time.sleep(cfg.refresh)
     finally:
         with console.status("stopping the agents (each stops its group), the control plane, the Lighthouse…"):
-            left = cluster.stop()
+            left = job.stop()
         if left:
             err_console.print(f"ftctl: error: processes still alive after stop: {left}")
             code = 1
@@ -79,46 +154,39 @@ def cmd_up(args) -> int:
     return code
 
 
-def cmd_status(args) -> int:
-    quorum = _connection(args).call("GET", "/api/v1/quorum")
-    if args.json:
+def cmd_status(cmd: StatusCommand) -> int:
+    quorum = cmd.connection().call("GET", "/api/v1/quorum")
+    if cmd.as_json:
         print(json.dumps(quorum, indent=2))
     else:
         console.print(cluster_view(quorum))
     return 0
 
 
-def cmd_group_action(args) -> int:
-    result = _connection(args).call("POST", f"/api/v1/groups/{args.group}/{args.command}")
+def cmd_group_action(cmd: GroupCommand, action: str) -> int:
+    result = cmd.connection().call("POST", f"/api/v1/groups/{cmd.group}/{action}")
     state = result["group_state"]
-    console.print(f"group {args.group}: {args.command} done; now {state['state']}"
+    console.print(f"group {cmd.group}: {action} done; now {state['state']}"
                   + (f" ({state['down_reason']})" if state.get("down_reason") else ""))
     return 0
 
 
-def cmd_drill(args) -> int:
-    conn = _connection(args)
-    if args.kind == "kill-heal":
-        if args.group is None:
-            raise ApiError("drill kill-heal needs --group G")
-        body = {"kind": "kill-heal", "group": args.group, **({"timeout_s": args.timeout} if args.timeout else {})}
-    else:
-        body = {"kind": "chaos", "mtbf_s": args.mtbf, "duration_s": args.duration, "seed": args.seed,
-                "rejoin_delay_s": args.rejoin_delay, "baseline_s": args.baseline}
-    drill = conn.call("POST", "/api/v1/drills", json=body)
+def cmd_drill(cmd: DrillCommand) -> int:
+    conn = cmd.connection()
+    drill = conn.call("POST", "/api/v1/drills", json=cmd.body())
     with console.status(f"drill {drill['id']}: {drill['report']['phase']}") as status:
         while drill["status"] == "running":
-            time.sleep(0.5)
+            time.sleep(DRILL_POLL_S)
             drill = conn.call("GET", f"/api/v1/drills/{drill['id']}")
             status.update(f"drill {drill['id']}: {drill['report']['phase']}…")
-    if args.json:
+    if cmd.as_json:
         print(json.dumps(drill, indent=2))
     else:
         console.print(drill_table(drill))
     if drill["status"] != "done":
         err_console.print(f"ftctl: error: drill {drill['id']} failed: {drill['error']}")
         return 1
-    if args.kind == "kill-heal" and not drill["fingerprints_equal"]:
+    if cmd.kind == "kill-heal" and not drill["fingerprints_equal"]:
         err_console.print(f"ftctl: error: drill {drill['id']}: groups hold different state after the heal")
         return 1
     return 0
@@ -131,14 +199,14 @@ def _print_event(event: dict) -> None:
     console.print(f"{when} g{event['group']} {rank} [bold]{event['type']:<13}[/] {json.dumps(rest)}", highlight=False)
 
 
-def cmd_events(args) -> int:
-    conn = _connection(args)
-    params = {k: v for k, v in (("group", args.group), ("type", args.type)) if v is not None}
-    page = conn.call("GET", "/api/v1/events", params={**params, "limit": args.limit,
-                                                      **({"since": time.time() - args.since} if args.since else {})})
+def cmd_events(cmd: EventsCommand) -> int:
+    conn = cmd.connection()
+    params = {k: v for k, v in (("group", cmd.group), ("type", cmd.type)) if v is not None}
+    page = conn.call("GET", "/api/v1/events", params={**params, "limit": cmd.limit,
+                                                      **({"since": time.time() - cmd.since} if cmd.since else {})})
     for event in page["events"]:
         _print_event(event)
-    if not args.follow:
+    if not cmd.follow:
         return 0
     try:
         with conn.client(timeout=None) as c, c.stream("GET", "/api/v1/events/stream", params=params) as response:
@@ -153,97 +221,50 @@ def cmd_events(args) -> int:
     return 0
 
 
-def cmd_ledger(args) -> int:
+def cmd_ledger(cmd: LedgerCommand) -> int:
     from service.ledger import HOUR, Cluster, NoProgress, Recovery, describe, sweep, young_interval
 
-    rec = Recovery(args.detect, args.restart, args.load, args.delta)
-    for gpus in args.gpus:
-        cluster = Cluster(gpus, args.gpu_mtbf_hours)
-        print(f"== {gpus} GPUs, per-GPU MTBF {args.gpu_mtbf_hours:,.0f} h, cluster MTBF {cluster.mtbf_s / HOUR:.2f} h; "
-              f"detect {args.detect:g}s restart {args.restart:g}s load {args.load:g}s delta {args.delta:g}s")
+    rec = Recovery(cmd.detect, cmd.restart, cmd.load, cmd.delta)
+    for gpus in cmd.gpus:
+        cluster = Cluster(gpus, cmd.gpu_mtbf_hours)
+        print(f"== {gpus} GPUs, per-GPU MTBF {cmd.gpu_mtbf_hours:,.0f} h, cluster MTBF {cluster.mtbf_s / HOUR:.2f} h; "
+              f"detect {cmd.detect:g}s restart {cmd.restart:g}s load {cmd.load:g}s delta {cmd.delta:g}s")
         try:
-            rows = sweep(cluster, rec, tuple(args.tau) if args.tau else (2, 5, 10, 15, 30, 60))
+            rows = sweep(cluster, rec, tuple(cmd.tau)) if cmd.tau else sweep(cluster, rec)
         except NoProgress as err:
             raise ApiError(str(err)) from None
-        opt = young_interval(args.delta, cluster.mtbf_s)
+        opt = young_interval(cmd.delta, cluster.mtbf_s)
         for g in rows:
             print(("  opt " if abs(g.tau_s - opt) < 1e-6 else "      ") + describe(g))
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ftctl", description=__doc__)
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--api", help="control-plane URL (env FTCTL_API; default: what `ftctl up` saved, else http://127.0.0.1:8000)")
-    common.add_argument("--token", help="bearer token (env FTCTL_TOKEN; default: what `ftctl up` saved)")
-    common.add_argument("--state-dir", default=str(DEFAULT_STATE_DIR), help="where `ftctl up` keeps its state (default ./ftstate)")
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    up = sub.add_parser("up", parents=[common], help="start the Lighthouse, the control plane and N replica groups")
-    up.add_argument("--groups", type=int, default=2, help="replica groups N (default 2)")
-    up.add_argument("--nproc-per-group", type=int, default=2, help="ranks per group K (default 2)")
-    up.add_argument("--steps", type=int, default=2000, help="train until this step (default 2000)")
-    up.add_argument("--port", type=int, default=8000, help="control-plane port (default 8000)")
-    up.add_argument("--host", default="127.0.0.1", help="control-plane bind address (default loopback)")
-    up.add_argument("--lighthouse-port", type=int, default=29510, help="torchft Lighthouse port (default 29510)")
-    up.add_argument("--min-replicas", type=int, default=1, help="fewest groups that may commit a step (default 1)")
-    up.add_argument("--heartbeat-timeout-ms", type=int, default=1000, help="Lighthouse failure detection (default 1000)")
-    up.add_argument("--join-timeout-ms", type=int, default=1000,
-                    help="how long a new quorum waits for groups that have not asked to join (default 1000); "
-                    "shorter lets a promoted spare in before the dead group's heartbeat times out")
-    up.add_argument("--spares", type=int, default=0,
-                    help="keep a warm spare for the first S groups: rejoin promotes it instead of starting cold")
-    up.add_argument("--auto-rejoin-delay", type=float, default=None, help="rejoin a killed group by itself after this many seconds")
-    up.add_argument("--trainer-arg", action="append", help="extra trainer flag, repeatable: --trainer-arg=--seq-len=64")
-    up.add_argument("--refresh", type=float, default=1.0, help="seconds between live-view refreshes")
-    up.set_defaults(func=cmd_up)
-
-    status = sub.add_parser("status", parents=[common], help="quorum and groups, once")
-    status.add_argument("--json", action="store_true")
-    status.set_defaults(func=cmd_status)
-
-    for name, text in (("kill", "SIGKILL a replica group's processes"), ("rejoin", "start a down group again; it heals from a peer")):
-        p = sub.add_parser(name, parents=[common], help=text)
-        p.add_argument("group", type=int)
-        p.set_defaults(func=cmd_group_action)
-
-    drill = sub.add_parser("drill", parents=[common], help="run a drill and print its report")
-    drill.add_argument("kind", choices=["kill-heal", "chaos"])
-    drill.add_argument("--group", type=int, help="kill-heal: the group to kill")
-    drill.add_argument("--timeout", type=float, help="kill-heal: seconds per phase")
-    drill.add_argument("--mtbf", type=float, default=30.0, help="chaos: mean seconds between kills")
-    drill.add_argument("--duration", type=float, default=120.0, help="chaos: seconds of chaos")
-    drill.add_argument("--seed", type=int, default=0, help="chaos: random seed (same seed, same kills)")
-    drill.add_argument("--rejoin-delay", type=float, default=5.0, help="chaos: seconds before a killed group rejoins")
-    drill.add_argument("--baseline", type=float, default=20.0, help="chaos: failure-free seconds measured first")
-    drill.add_argument("--json", action="store_true")
-    drill.set_defaults(func=cmd_drill)
-
-    ledger = sub.add_parser("ledger", help="goodput under failures at scale (the seed's availability model)")
-    ledger.add_argument("--gpus", type=int, nargs="+", default=[1024, 16384])
-    ledger.add_argument("--gpu-mtbf-hours", type=float, default=50_000.0,
-                        help="per-GPU MTBF (Llama 3: 16,384 GPUs, 419 interruptions in 54 days: ~50,700 h)")
-    ledger.add_argument("--detect", type=float, default=600.0, help="T_d seconds (NCCL watchdog default 600)")
-    ledger.add_argument("--restart", type=float, default=300.0, help="T_r seconds (relaunch, rendezvous, comm init)")
-    ledger.add_argument("--load", type=float, default=120.0, help="T_l seconds (checkpoint load, or heal)")
-    ledger.add_argument("--delta", type=float, default=300.0, help="exposed seconds of one checkpoint")
-    ledger.add_argument("--tau", type=float, nargs="*", help="fixed checkpoint intervals to show, in minutes")
-    ledger.set_defaults(func=cmd_ledger)
-
-    events = sub.add_parser("events", parents=[common], help="print events; --follow streams new ones")
-    events.add_argument("--follow", "-f", action="store_true")
-    events.add_argument("--group", type=int)
-    events.add_argument("--type")
-    events.add_argument("--limit", type=int, default=50)
-    events.add_argument("--since", type=float, help="only the last N seconds")
-    events.set_defaults(func=cmd_events)
-    return parser
+def run(cli: Ftctl) -> int:
+    """The one subcommand given, run."""
+    name = next((name for name in Ftctl.model_fields if getattr(cli, name) is not None), None)
+    if name is None:
+        fail("ftctl", f"give a command: {', '.join(Ftctl.model_fields)} (see ftctl --help)")
+    cmd = getattr(cli, name)
+    match name:
+        case "up":
+            return cmd_up(cmd)
+        case "status":
+            return cmd_status(cmd)
+        case "kill" | "rejoin":
+            return cmd_group_action(cmd, name)
+        case "drill":
+            return cmd_drill(cmd)
+        case "events":
+            return cmd_events(cmd)
+        case "ledger":
+            return cmd_ledger(cmd)
+    raise AssertionError(f"subcommand {name} has no handler")
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    cli = parse_settings(Ftctl, "ftctl", sys.argv[1:] if argv is None else argv)
     try:
-        return args.func(args)
+        return run(cli)
     except ApiError as err:
         err_console.print(f"ftctl: error: {err}", highlight=False)
         return 1

@@ -9,8 +9,14 @@ from pathlib import Path
 
 import httpx
 
+from protocol import defaults
+
 CONNECTION_FILE = "connection.json"
 DEFAULT_STATE_DIR = Path("ftstate")
+DEFAULT_API = f"http://{defaults.LOOPBACK}:{defaults.CONTROL_PLANE_PORT}"
+REQUEST_TIMEOUT_S = 10.0
+"""A control-plane call slower than this failed; every call it serves answers in milliseconds
+(a drill's POST returns at once, the drill runs in the background)."""
 
 
 class ApiError(Exception):
@@ -30,7 +36,7 @@ class Connection:
         if path.is_file():
             saved = json.loads(path.read_text())
         return cls(
-            api=(api or os.environ.get("FTCTL_API") or saved.get("api") or "http://127.0.0.1:8000").rstrip("/"),
+            api=(api or os.environ.get("FTCTL_API") or saved.get("api") or DEFAULT_API).rstrip("/"),
             token=token or os.environ.get("FTCTL_TOKEN") or saved.get("token"),
         )
 
@@ -42,7 +48,7 @@ class Connection:
         path.write_text(json.dumps({"api": self.api, "token": self.token, **extra}))
         return path
 
-    def client(self, timeout: float = 10.0) -> httpx.Client:
+    def client(self, timeout: float | None = REQUEST_TIMEOUT_S) -> httpx.Client:
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
         return httpx.Client(base_url=self.api, headers=headers, timeout=timeout)
 

@@ -9,40 +9,57 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+from pydantic import BaseModel, Field
 
-from service.client import Connection
-from service.proctree import process_tree, signal_tree, wait_gone
-from trainer.launch import free_port
+from protocol import defaults
+from protocol.agent import HEALTH_PATH as AGENT_HEALTH_PATH
+from protocol.lighthouse import HEALTH_PATH as LIGHTHOUSE_HEALTH_PATH
+from protocol.torchrun import free_port
+from service.client import DEFAULT_STATE_DIR, Connection
+from service.proctree import REAPED_S, end_tree, wait_gone
+
+POLL_S = 0.1
+"""How often a starting service is asked whether it answers yet."""
+PROBE_TIMEOUT_S = 1.0
+"""A health probe slower than this counts as not answering yet."""
 
 
-@dataclass
-class UpConfig:
-    groups: int
-    nproc_per_group: int
-    steps: int
-    port: int
-    host: str
-    state_dir: Path
-    lighthouse_port: int
-    token: str
-    trainer_args: list[str] = field(default_factory=list)
-    auto_rejoin_delay_s: float | None = None
-    min_replicas: int = 1
-    heartbeat_timeout_ms: int = 1000
-    join_timeout_ms: int = 1000
-    spares: int = 0
+class UpSettings(BaseModel):
+    """Start the Lighthouse, the control plane and N replica groups, and watch them."""
+
+    groups: int = Field(2, ge=1, description="replica groups N")
+    ranks_per_group: int = Field(defaults.RANKS_PER_GROUP, ge=1, description="ranks per group K")
+    steps: int = Field(2000, ge=1, description="train until this step")
+    port: int = Field(defaults.CONTROL_PLANE_PORT, ge=0, le=65535, description="control-plane port")
+    host: str = Field(defaults.LOOPBACK, description="control-plane bind address (loopback unless told otherwise)")
+    state_dir: Path = Field(DEFAULT_STATE_DIR, description="events, logs, checkpoints, SQLite and the connection file")
+    lighthouse_port: int = Field(defaults.LIGHTHOUSE_PORT, ge=1, le=65535, description="torchft Lighthouse port")
+    min_replicas: int = Field(1, ge=1, description="fewest groups that may commit a step")
+    heartbeat_timeout_ms: int = Field(defaults.HEARTBEAT_TIMEOUT_MS, ge=50, description="Lighthouse failure detection")
+    join_timeout_ms: int = Field(
+        defaults.JOIN_TIMEOUT_MS, ge=0,
+        description="how long a new quorum waits for groups that have not asked to join; shorter lets a "
+        "promoted spare in before the dead group's heartbeat times out")
+    spares: int = Field(0, ge=0, description="keep a warm spare for the first S groups: rejoin promotes it "
+                        "instead of starting cold")
+    auto_rejoin_delay: float | None = Field(None, ge=0, description="rejoin a killed group by itself after this many seconds")
+    trainer_arg: list[str] = Field(default_factory=list, description="extra trainer flag, repeatable: "
+                                   "--trainer-arg=--seq-len=64")
+    refresh: float = Field(1.0, gt=0, description="seconds between live-view refreshes")
+    startup_timeout_s: float = Field(60.0, gt=0, description="a service that does not answer within this failed to start")
+    stop_timeout_s: float = Field(40.0, gt=0, description="on Ctrl-C, each service gets this long to stop its "
+                                  "own children before its tree is killed")
 
     @property
     def api(self) -> str:
-        host = "127.0.0.1" if self.host in ("0.0.0.0", "::") else self.host
+        host = defaults.LOOPBACK if self.host in ("0.0.0.0", "::") else self.host
         return f"http://{host}:{self.port}"
 
 
@@ -59,9 +76,12 @@ class StartupError(Exception):
     pass
 
 
-class Cluster:
-    def __init__(self, cfg: UpConfig):
+class LocalJob:
+    """The processes of one job on this machine, as `ftctl up` starts, revives and stops them."""
+
+    def __init__(self, cfg: UpSettings, token: str):
         self.cfg = cfg
+        self.token = token
         self.children: list[Child] = []
         self.lighthouse_api_port = free_port()
         self.agent_ports = {g: free_port() for g in range(cfg.groups)}
@@ -69,24 +89,24 @@ class Cluster:
     @property
     def bind_host(self) -> str:
         """Loopback unless the control plane was told to listen beyond it."""
-        return "127.0.0.1" if self.cfg.host in ("127.0.0.1", "localhost") else "[::]"
+        return defaults.LOOPBACK if self.cfg.host in (defaults.LOOPBACK, "localhost") else "[::]"
 
     @property
     def lighthouse_url(self) -> str:
-        return f"http://127.0.0.1:{self.cfg.lighthouse_port}"
+        return defaults.lighthouse_address(port=self.cfg.lighthouse_port)
 
     @property
     def lighthouse_api(self) -> str:
-        return f"http://127.0.0.1:{self.lighthouse_api_port}"
+        return f"http://{defaults.LOOPBACK}:{self.lighthouse_api_port}"
 
     def agent_url(self, group: int) -> str:
-        return f"http://127.0.0.1:{self.agent_ports[group]}"
+        return f"http://{defaults.LOOPBACK}:{self.agent_ports[group]}"
 
     def _popen(self, argv: list[str], log: Path) -> subprocess.Popen:
         log.parent.mkdir(parents=True, exist_ok=True)
         with open(log, "ab") as out:
             return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                    env={**os.environ, "FTCTL_TOKEN": self.cfg.token})
+                                    env={**os.environ, "FTCTL_TOKEN": self.token})
 
     def _spawn(self, name: str, argv: list[str]) -> Child:
         log = self.cfg.state_dir / "logs" / f"{name}.log"
@@ -108,19 +128,20 @@ class Cluster:
                 revived.append(child.name)
         return revived
 
-    def _wait_http(self, child: Child, url: str, timeout_s: float = 60) -> None:
-        deadline = time.monotonic() + timeout_s
+    def _wait_http(self, child: Child, url: str) -> None:
+        deadline = time.monotonic() + self.cfg.startup_timeout_s
         while time.monotonic() < deadline:
             if child.proc.poll() is not None:
                 tail = child.log.read_text(errors="replace").strip().splitlines()[-1:] or ["(no output)"]
                 raise StartupError(f"{child.name} exited with {child.proc.returncode}: {tail[0]} (log: {child.log})")
             try:
-                if httpx.get(url, timeout=1.0).status_code < 500:
+                if httpx.get(url, timeout=PROBE_TIMEOUT_S).status_code < 500:
                     return
             except httpx.HTTPError:
                 pass
-            time.sleep(0.1)
-        raise StartupError(f"{child.name} did not answer {url} within {timeout_s:.0f}s (log: {child.log})")
+            time.sleep(POLL_S)
+        raise StartupError(f"{child.name} did not answer {url} within {self.cfg.startup_timeout_s:.0f}s "
+                           f"(log: {child.log})")
 
     def start(self) -> None:
         cfg, py = self.cfg, sys.executable
@@ -130,45 +151,37 @@ class Cluster:
             "--min-replicas", str(cfg.min_replicas), "--heartbeat-timeout-ms", str(cfg.heartbeat_timeout_ms),
             "--join-timeout-ms", str(cfg.join_timeout_ms),
             "--api-port", str(self.lighthouse_api_port)])
-        self._wait_http(lighthouse, f"{self.lighthouse_api}/healthz")
+        self._wait_http(lighthouse, f"{self.lighthouse_api}{LIGHTHOUSE_HEALTH_PATH}")
 
         agents = {g: self.agent_url(g) for g in range(cfg.groups)}
         control = self._spawn("controlplane", [
             py, "-m", "service.controlplane", "--host", cfg.host, "--port", str(cfg.port),
             "--db", str(cfg.state_dir / "control.db"), "--groups", str(cfg.groups),
-            "--nproc-per-group", str(cfg.nproc_per_group), "--agents", json.dumps(agents),
+            "--ranks-per-group", str(cfg.ranks_per_group), "--agents", json.dumps(agents),
             "--lighthouse-api", self.lighthouse_api])
         self._wait_http(control, f"{cfg.api}/healthz")
 
         trainer_args = ["--steps", str(cfg.steps), "--checkpoint-dir", str(cfg.state_dir / "checkpoints"),
-                        "--nproc-per-node", str(cfg.nproc_per_group), *cfg.trainer_args]
+                        *cfg.trainer_arg]
         for g in range(cfg.groups):
             argv = [py, "-m", "service.agent", "--group", str(g), "--groups", str(cfg.groups),
-                    "--nproc-per-group", str(cfg.nproc_per_group), "--lighthouse", self.lighthouse_url,
+                    "--ranks-per-group", str(cfg.ranks_per_group), "--lighthouse", self.lighthouse_url,
                     "--control-plane", cfg.api, "--port", str(self.agent_ports[g]),
                     "--state-dir", str(cfg.state_dir), "--trainer-args", json.dumps(trainer_args)]
             if g < cfg.spares:
                 argv += ["--spare"]
-            if cfg.auto_rejoin_delay_s is not None:
-                argv += ["--auto-rejoin-delay-s", str(cfg.auto_rejoin_delay_s)]
+            if cfg.auto_rejoin_delay is not None:
+                argv += ["--auto-rejoin-delay-s", str(cfg.auto_rejoin_delay)]
             self._spawn(f"agent{g}", argv)
         for g, child in zip(range(cfg.groups), self.children[2:]):
-            self._wait_http(child, f"{self.agent_url(g)}/healthz")
-        Connection(cfg.api, cfg.token).save(cfg.state_dir, lighthouse=self.lighthouse_url,
-                                            lighthouse_api=self.lighthouse_api, agents=agents)
+            self._wait_http(child, f"{self.agent_url(g)}{AGENT_HEALTH_PATH}")
+        Connection(cfg.api, self.token).save(cfg.state_dir, lighthouse=self.lighthouse_url,
+                                             lighthouse_api=self.lighthouse_api, agents=agents)
 
-    def stop(self, timeout_s: float = 40) -> list[int]:
+    def stop(self) -> list[int]:
         """Stop agents, then the control plane, then the Lighthouse; returns pids still alive (none)."""
         order = sorted(self.children, key=lambda c: {"lighthouse": 2, "controlplane": 1}.get(c.name, 0))
-        everything: list[int] = []
+        left: list[int] = []
         for child in order:
-            pids = [p.pid for p in process_tree(child.proc.pid)]
-            everything += pids
-            if child.proc.poll() is None:
-                child.proc.send_signal(signal.SIGTERM)
-            for pid in wait_gone(pids, timeout_s):
-                signal_tree(pid, signal.SIGKILL)
-            if child.proc.poll() is None:
-                child.proc.kill()
-            child.proc.wait()
-        return wait_gone(everything, 5)
+            left += end_tree(child.proc, self.cfg.stop_timeout_s)
+        return wait_gone(left, REAPED_S)

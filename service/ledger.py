@@ -16,6 +16,8 @@ import math
 from dataclasses import asdict, dataclass
 
 HOUR = 3600.0
+SHOWN_INTERVALS_MIN = (2, 5, 10, 15, 30, 60)
+"""Fixed checkpoint intervals a sweep shows beside Young's: from aggressive to hourly."""
 
 
 class NoProgress(ValueError):
@@ -82,7 +84,7 @@ def goodput(cluster: Cluster, rec: Recovery, tau_s: float | None = None) -> Good
     return Goodput(cluster.gpus, m, tau, g, overhead, loss, terms, max(terms, key=terms.get))
 
 
-def sweep(cluster: Cluster, rec: Recovery, taus_min: tuple[float, ...] = (2, 5, 10, 15, 30, 60)) -> list[Goodput]:
+def sweep(cluster: Cluster, rec: Recovery, taus_min: tuple[float, ...] = SHOWN_INTERVALS_MIN) -> list[Goodput]:
     """The Young-optimal interval first, then fixed intervals (those that make progress)."""
     out = [goodput(cluster, rec)]
     for minutes in taus_min:

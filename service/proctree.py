@@ -8,9 +8,13 @@ together, the way a node loss takes all of them at once.
 from __future__ import annotations
 
 import signal
+import subprocess
 import time
 
 import psutil
+
+REAPED_S = 5.0
+"""After SIGKILL a process is gone within milliseconds; waiting longer means it is stuck in the kernel."""
 
 
 def process_tree(pid: int) -> list[psutil.Process]:
@@ -31,6 +35,35 @@ def signal_tree(pid: int, sig: int = signal.SIGKILL) -> list[int]:
         except psutil.NoSuchProcess:
             pass
     return signalled
+
+
+def kill_tree(pid: int) -> list[int]:
+    """SIGKILL a process and every descendant at once, like losing the node, and wait until
+    they are gone (at most :data:`REAPED_S`); returns the pids signalled."""
+    pids = signal_tree(pid, signal.SIGKILL)
+    wait_gone(pids, REAPED_S)
+    return pids
+
+
+def end_tree(proc: subprocess.Popen | int, grace_s: float) -> list[int]:
+    """SIGTERM the root, give the tree ``grace_s`` to exit, then SIGKILL whatever is left.
+
+    The root stops its children its own way (torchrun forwards the signal to the ranks, an
+    agent stops its group, ``ftctl up`` its services). The tree is taken before the signal, so
+    a child orphaned when the root exits is still ended, by pid. Returns the pids still alive
+    afterwards (none, normally); reaps ``proc`` when it is a Popen.
+    """
+    root = proc.pid if isinstance(proc, subprocess.Popen) else proc
+    pids = [p.pid for p in process_tree(root)]
+    if pids:
+        try:
+            psutil.Process(root).send_signal(signal.SIGTERM)
+        except psutil.NoSuchProcess:
+            pass
+    left = [pid for pid in wait_gone(pids, grace_s) for pid in signal_tree(pid, signal.SIGKILL)]
+    if isinstance(proc, subprocess.Popen):
+        proc.wait()
+    return wait_gone(sorted(set(left)), REAPED_S)
 
 
 def wait_gone(pids: list[int], timeout_s: float, poll_s: float = 0.01) -> list[int]:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from service.proctree import process_tree, signal_tree, wait_gone
+from service.proctree import end_tree, signal_tree, wait_gone
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -49,7 +49,7 @@ class TrainerGroup:
     env: dict[str, str] = field(default_factory=dict)
 
     def start(self) -> "TrainerGroup":
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **self.env}
+        env = {**os.environ, **self.env, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "trainer", "--group", str(self.group), *self.args],
@@ -66,16 +66,8 @@ class TrainerGroup:
         """SIGTERM to torchrun (it forwards it to the ranks), then SIGKILL whatever is left."""
         if self.proc is None:
             return None
-        pids = [p.pid for p in process_tree(self.proc.pid)]
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                pass
-        for pid in wait_gone(pids, 5):
-            signal_tree(pid, signal.SIGKILL)
-        return self.proc.wait(timeout=30)
+        end_tree(self.proc, timeout_s)
+        return self.proc.returncode
 
     def output(self) -> str:
         return self.log_path.read_text(errors="replace")

@@ -8,7 +8,12 @@ import sys
 from pathlib import Path
 
 import psutil
+from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
 
+from protocol.agent import STATUS_PATH, AgentStatus, command_path
+from service.agent.app import create_app
+from service.agent.config import AgentSettings
 from service.agent.spare import WarmSpare
 from service.agent.supervisor import GroupCommand
 from service.proctree import wait_gone
@@ -51,3 +56,18 @@ def test_a_killed_process_nobody_reaped_yet_counts_as_gone():
         for proc in (zombie, alive):
             proc.kill()
             proc.wait()
+
+
+def test_the_agents_api_answers_in_the_protocols_models_and_counts_with_counters(tmp_path):
+    settings = AgentSettings(group=1, groups=2, token="agent-token", autostart=False, state_dir=tmp_path)
+    with TestClient(create_app(settings)) as api:
+        status = AgentStatus.model_validate(api.get(STATUS_PATH).json())
+        assert (status.group, status.state, status.pids, status.spare) == (1, "down", [], None)
+        assert api.post(command_path("kill")).status_code == 401
+        kill = api.post(command_path("kill"), headers={"Authorization": "Bearer agent-token"})
+        assert kill.status_code == 409 and kill.json() == {"detail": "group 1 is not running"}
+        families = {f.name: f for f in text_string_to_metric_families(api.get("/metrics").text)}
+    for name in ("ftctl_agent_events_dropped", "ftctl_agent_events_forwarded", "ftctl_agent_group_starts"):
+        assert families[name].type == "counter" and families[name].samples[0].name == f"{name}_total"
+        assert families[name].samples[0].value == 0
+    assert families["ftctl_agent_group_running"].type == "gauge"

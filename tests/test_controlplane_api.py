@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 from service.controlplane.app import create_app
 from service.controlplane.db import SchemaTooNew, Store
 from service.controlplane.settings import ControlPlaneSettings
-from trainer.launch import free_port
+from protocol.torchrun import free_port
 
 TOKEN = "test-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -20,7 +20,7 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 def settings(db: Path, **overrides) -> ControlPlaneSettings:
     nowhere = f"http://127.0.0.1:{free_port()}"
-    return ControlPlaneSettings(token=TOKEN, db=db, groups=2, nproc_per_group=2,
+    return ControlPlaneSettings(token=TOKEN, db=db, groups=2, ranks_per_group=2,
                                 agents={0: nowhere, 1: nowhere}, lighthouse_api=nowhere, **overrides)
 
 

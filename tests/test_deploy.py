@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -16,11 +14,13 @@ import pytest
 import yaml
 
 from cluster import REPO, wait_for
-from service.proctree import process_tree, signal_tree, wait_gone
+from processes import Owner
+from service.proctree import end_tree
 
 COMPOSE = REPO / "compose.yaml"
 PROJECT_SERVICES = ("lighthouse", "controlplane", "group0", "group1")  # prometheus and grafana are upstream images
 OVERLAYS = ("cpu", "gpu", "servicemonitor")
+COMPOSE_STOP_GRACE_S = 40.0  # each service stops its own children first (an agent its group)
 
 
 def test_compose_file_follows_the_compose_specification():
@@ -75,24 +75,21 @@ def local_commands(tmp: Path) -> dict[str, tuple[list[str], dict[str, str]]]:
 
 @pytest.fixture
 def compose_processes(tmp_path):
+    """The services as they stop under compose: SIGTERM, then SIGKILL after compose's grace."""
     started: list[subprocess.Popen] = []
-    yield started, tmp_path
-    for proc in reversed(started):
-        pids = [p.pid for p in process_tree(proc.pid)]
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-        for pid in wait_gone(pids, 40):
-            signal_tree(pid, signal.SIGKILL)
-        proc.wait(30)
+    with Owner() as owner:
+        yield started, tmp_path, owner
+        for proc in reversed(started):
+            end_tree(proc, COMPOSE_STOP_GRACE_S)
 
 
 def test_compose_services_run_as_local_processes_and_survive_a_kill_and_rejoin(compose_processes):
-    started, tmp = compose_processes
+    started, tmp, owner = compose_processes
     commands = local_commands(tmp)
     api = httpx.Client(base_url="http://127.0.0.1:8000", timeout=30)
     for name, (argv, env) in commands.items():
         with open(tmp / f"{name}.log", "wb") as log:
-            started.append(subprocess.Popen(argv, cwd=REPO, env={**os.environ, **env, "OMP_NUM_THREADS": "1"},
+            started.append(subprocess.Popen(argv, cwd=REPO, env=owner.env(**env, OMP_NUM_THREADS="1"),
                                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
         health = {"lighthouse": "http://127.0.0.1:29511/healthz", "controlplane": "http://127.0.0.1:8000/healthz"}.get(name)
         if health:

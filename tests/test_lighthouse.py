@@ -14,8 +14,9 @@ from torchft._torchft import LighthouseClient, LighthouseServer
 
 from cluster import REPO, wait_for
 from lighthouse.status import StatusFormatError, parse_status
+from processes import Owner
 from service.proctree import process_tree, wait_gone
-from trainer.launch import free_port
+from protocol.torchrun import free_port
 
 
 def _page(server: LighthouseServer) -> str:
@@ -85,8 +86,9 @@ def test_a_changed_page_fails_loudly():
 
 def test_wrapper_serves_json_and_restarts_a_dead_lighthouse():
     port, api = free_port(), free_port()
+    owner = Owner()
     wrapper = subprocess.Popen([sys.executable, "-m", "lighthouse", "--bind", f"[::]:{port}", "--api-port", str(api),
-                                "--restart-delay-s", "0.2"], cwd=REPO, start_new_session=True)
+                                "--restart-delay-s", "0.2"], cwd=REPO, env=owner.env(), start_new_session=True)
     base = f"http://127.0.0.1:{api}"
     try:
         def healthy():
@@ -108,7 +110,8 @@ def test_wrapper_serves_json_and_restarts_a_dead_lighthouse():
         assert "ftctl_lighthouse_restarts_total 1.0" in metrics and "ftctl_lighthouse_up 1.0" in metrics
         pids = [p.pid for p in process_tree(wrapper.pid)]
         assert len(pids) == 2
-    finally:
         wrapper.send_signal(signal.SIGTERM)
         wrapper.wait(15)
-    assert not wait_gone(pids, 10), "the Lighthouse outlived its wrapper"
+        assert not wait_gone(pids, 10), "the Lighthouse outlived its wrapper"
+    finally:
+        owner.end()

@@ -73,7 +73,7 @@ def test_metrics_follow_the_events(tmp_path):
         assert m[("ftctl_commit_failures_total", (("group", "1"),))] == 1
         assert m[("ftctl_heals_total", (("group", "1"),))] == 1 and m[("ftctl_heal_bytes_total", (("group", "1"),))] == 1000
         assert m[("ftctl_group_exits_total", (("group", "1"), ("reason", "killed")))] == 1
-        assert m[("ftctl_events_dropped", (("group", "1"),))] == 7
+        assert m[("ftctl_events_dropped_total", (("group", "1"),))] == 7
         assert m[("ftctl_fingerprint_mismatch", ())] == 0
         assert m[("ftctl_checkpoint_last_save_timestamp_seconds", ())] == T0 + 3
         assert m[("ftctl_step_compute_seconds_count", (("group", "0"),))] == 2
@@ -94,3 +94,22 @@ def test_page_and_assets_are_served_locally_with_no_internet_references(tmp_path
             assert not re.search(r"https?://", body.text), f"{asset} refers to the internet"
         assert not re.search(r"https?://", page.text)
         assert api.post("/api/v1/groups/0/kill").status_code == 401, "the page's actions need the token"
+
+
+def test_known_label_values_are_there_at_zero_before_anything_happens(tmp_path):
+    """increase() in an alert or a panel sees the first kill as 0 → 1, not as a new series."""
+    with TestClient(create_app(settings(tmp_path / "control.db"))) as api:
+        m = scrape(api)
+        families = list(text_string_to_metric_families(api.get("/metrics").text))
+    for g in ("0", "1"):
+        for reason in ("killed", "crashed", "stopped", "finished"):
+            assert m[("ftctl_group_exits_total", (("group", g), ("reason", reason)))] == 0
+        for name in ("ftctl_commits_total", "ftctl_commit_failures_total", "ftctl_heals_total",
+                     "ftctl_group_starts_total", "ftctl_events_dropped_total"):
+            assert m[(name, (("group", g),))] == 0, name
+    for kind in ("kill-heal", "chaos"):
+        for status in ("done", "failed"):
+            assert m[("ftctl_drills_total", (("kind", kind), ("status", status)))] == 0
+    counters = [f for f in families if f.type == "counter"]
+    assert counters and all(s.name.endswith(("_total", "_created")) for f in counters for s in f.samples)
+    assert not any(name == "ftctl_quorum_id" for name, _ in m), "the quorum id has one name: ftctl_lighthouse_quorum_id"

@@ -1,7 +1,7 @@
 """`ftctl up` end to end: real Lighthouse, control plane, agents, torchrun groups, Prometheus, Chromium.
 
-One job serves the whole module (starting one costs a minute on two cores); the tests run in
-file order against it, and the last one stops it with Ctrl-C.
+One job serves the module's tests (starting one costs a minute on two cores); each test waits
+for the state it needs, so they pass in any order. The Ctrl-C test stops a job of its own.
 """
 
 from __future__ import annotations
@@ -19,9 +19,10 @@ import pytest
 
 from cluster import REPO, wait_for
 from dashboards.quorum import panel_queries
+from processes import Owner
+from protocol.torchrun import free_port
 from service.proctree import process_tree, wait_gone
-from trainer.launch import free_port
-from up_job import AUTH, TOKEN, UpJob, all_training, end_tree, ftctl, ftctl_up, groups, json_out
+from up_job import AUTH, TOKEN, UpJob, all_training, ftctl, ftctl_up, groups, json_out
 
 ARTIFACTS = REPO / "test-artifacts"
 
@@ -55,16 +56,14 @@ def live(tmp_path_factory):
     if not shutil.which("prometheus"):
         pytest.fail("prometheus is not installed: .ci/run installs Debian's prometheus package")
     tmp = tmp_path_factory.mktemp("live")
-    with ftctl_up(tmp, "--spares", "1", "--trainer-arg=--checkpoint-every=20") as job:
+    with ftctl_up(tmp, "--spares", "1", "--trainer-arg=--checkpoint-every=20") as job, Owner() as owner, \
+            open(tmp / "prometheus.log", "wb") as log:
         prom_port = free_port()
-        prom = subprocess.Popen(
+        subprocess.Popen(
             ["prometheus", f"--config.file={prometheus_config(tmp / 'prometheus.yml', job.connection())}",
              f"--storage.tsdb.path={tmp / 'tsdb'}", f"--web.listen-address=127.0.0.1:{prom_port}"],
-            stdout=open(tmp / "prometheus.log", "wb"), stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            yield Live(job, f"http://127.0.0.1:{prom_port}")
-        finally:
-            end_tree(prom)
+            env=owner.env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        yield Live(job, f"http://127.0.0.1:{prom_port}")
 
 
 def quietly(predicate):
@@ -110,9 +109,15 @@ def test_rest_kill_and_rejoin_promotes_the_warm_spare(live):
     assert start["spare_wait_s"] > 0
 
 
-def test_kill_heal_drill_from_the_cli_reports_equal_state(live):
+@pytest.fixture(scope="module")
+def kill_heal_drill(live) -> dict:
+    """The module's one kill-heal drill, run from the CLI: its report, for every test that needs one."""
     wait_for(lambda: all_training(live.api), 240, "both groups training")
-    drill = json_out(ftctl(live.state, "drill", "kill-heal", "--group", "1", "--json"))
+    return json_out(ftctl(live.state, "drill", "kill-heal", "--group", "1", "--json"))
+
+
+def test_kill_heal_drill_from_the_cli_reports_equal_state(live, kill_heal_drill):
+    drill = kill_heal_drill
     assert drill["status"] == "done" and drill["fingerprints_equal"] is True
     r = drill["report"]
     assert 0 < r["detect_s"] <= r["survivors_resume_s"] < 30 and r["survivors_steps_lost"] <= 1
@@ -120,9 +125,11 @@ def test_kill_heal_drill_from_the_cli_reports_equal_state(live):
     assert len({d for ranks in r["fingerprints"].values() for d in ranks.values()}) == 2  # one digest per rank
     status = json_out(ftctl(live.state, "status", "--json"))
     assert status["quorum_id"] >= 1
+    projected = live.api.get("/api/v1/goodput").json()  # the ledger projects the drill's recovery
+    assert projected["measured"]["drills"] == 1 and len(projected["answer"]) == 2
 
 
-def test_chaos_drill_measures_goodput_and_the_ledger_projects_it(live):
+def test_chaos_drill_measures_goodput(live):
     wait_for(lambda: all_training(live.api), 240, "both groups training")
     c = json_out(ftctl(live.state, "drill", "chaos", "--mtbf", "6", "--duration", "20", "--seed", "1",
                        "--rejoin-delay", "2", "--baseline", "8", "--json"))
@@ -130,8 +137,6 @@ def test_chaos_drill_measures_goodput_and_the_ledger_projects_it(live):
     assert 0 < c["goodput"] < 1.2 and c["report"]["baseline_rate"] > 0
     assert set(c["report"]["lost_s"]) == {"detect", "restart", "heal", "rollback", "waiting_to_rejoin"}
     assert all(k["heal_s"] is not None for k in c["report"]["kills"]), "every killed group came back and healed"
-    projected = live.api.get("/api/v1/goodput").json()
-    assert projected["measured"]["drills"] == 1 and len(projected["answer"]) == 2
 
 
 def test_web_page_kill_and_heal_in_chromium(live):
@@ -171,7 +176,8 @@ def test_web_page_kill_and_heal_in_chromium(live):
         driver.quit()
 
 
-def test_prometheus_scrapes_and_every_dashboard_query_returns_data(live):
+def test_prometheus_scrapes_and_every_dashboard_query_returns_data(live, kill_heal_drill):
+    """Every panel has data once the job has trained and a drill has measured its recovery."""
     prom = httpx.Client(base_url=live.prometheus_url, timeout=30)
 
     def targets_up():
@@ -183,15 +189,21 @@ def test_prometheus_scrapes_and_every_dashboard_query_returns_data(live):
         assert body["status"] == "success", (expr, body)
         return body["data"]["result"]
 
+    def panels_without_data() -> list[tuple[str, str, str]]:
+        window = {"start": live.job.started, "end": time.time(), "step": "2s"}
+        empty = []
+        for title, ref, expr in panel_queries(json.loads((REPO / "dashboards/quorum.json").read_text())):
+            body = prom.get("/api/v1/query_range", params={**window, "query": expr.replace("$group", ".*")}).json()
+            assert body["status"] == "success", (title, ref, body)
+            if not body["data"]["result"]:
+                empty.append((title, ref, expr))
+        return empty
+
     wait_for(targets_up, 60, "Prometheus to scrape every process")
-    window = {"start": live.job.started, "end": time.time(), "step": "2s"}
-    dashboard = json.loads((REPO / "dashboards/quorum.json").read_text())
-    empty = []
-    for title, ref, expr in panel_queries(dashboard):
-        body = prom.get("/api/v1/query_range", params={**window, "query": expr.replace("$group", ".*")}).json()
-        assert body["status"] == "success", (title, ref, body)
-        if not body["data"]["result"]:
-            empty.append((title, ref, expr))
+    empty, deadline = panels_without_data(), time.monotonic() + 30
+    while empty and time.monotonic() < deadline:  # a drill just finished reaches Prometheus at its next scrape
+        time.sleep(1)
+        empty = panels_without_data()
     assert not empty, f"panels without data: {empty}"
     rules = prom.get("/api/v1/rules").json()["data"]["groups"]
     assert {g["name"] for g in rules} == {"ftctl-recording", "ftctl-alerts"}
@@ -231,10 +243,12 @@ def test_control_plane_restart_keeps_history_and_events_keep_coming(live):
         assert json.loads(data[6:])["type"] == "step"
 
 
-def test_ctrl_c_stops_everything(live):
-    everything = [p.pid for p in process_tree(live.job.proc.pid)]
-    assert len(everything) >= 10  # ftctl, lighthouse x2, control plane, 2 agents, torchruns, ranks
-    live.job.proc.send_signal(signal.SIGINT)
-    assert live.job.proc.wait(120) == 0, live.job.log.read_text()[-3000:]
-    assert not wait_gone(everything, 10), "processes left behind after Ctrl-C"
-    assert "no process left behind" in live.job.log.read_text()
+def test_ctrl_c_stops_everything(tmp_path):
+    with ftctl_up(tmp_path) as job:
+        wait_for(lambda: all_training(job.api), 240, "both groups training")
+        everything = [p.pid for p in process_tree(job.proc.pid)]
+        assert len(everything) >= 10  # ftctl, lighthouse x2, control plane, 2 agents, torchruns, ranks
+        job.proc.send_signal(signal.SIGINT)
+        assert job.proc.wait(120) == 0, job.log.read_text()[-3000:]
+        assert not wait_gone(everything, 10), "processes left behind after Ctrl-C"
+        assert "no process left behind" in job.log.read_text()

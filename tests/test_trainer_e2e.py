@@ -9,7 +9,7 @@ from pathlib import Path
 
 from cluster import committed_steps, kill_together, read_events, wait_for
 
-SMALL = ["--nproc-per-node", "2", "--seq-len", "64", "--batch-size", "2", "--log-every", "5",
+SMALL = ["--ranks-per-group", "2", "--seq-len", "64", "--batch-size", "2", "--log-every", "5",
          "--fingerprint-every", "1"]
 
 

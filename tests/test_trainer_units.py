@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def test_no_two_group_rank_step_share_a_sample_and_batches_are_reproducible():
     corpus = read_corpus(None, 1 << 20)
-    plan = BatchPlan(len(corpus), seq_len=64, groups=3, ranks=2, per_rank_batch=2, seed=7)
+    plan = BatchPlan(len(corpus), seq_len=64, groups=3, ranks_per_group=2, per_rank_batch=2, seed=7)
     seen: dict[int, tuple] = {}
     for step, group, rank in itertools.product(range(40), range(3), range(2)):
         for window in plan.window_indices(step, group, rank):
@@ -83,7 +83,7 @@ def _closed_port() -> int:
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--batch-size", "3", "--nproc-per-node", "2"], "--batch-size 3 does not divide across 2 ranks"),
+    (["--batch-size", "3", "--ranks-per-group", "2"], "--batch-size 3 does not divide across 2 ranks"),
     (["--data", "/nonexistent/corpus.txt"], "--data /nonexistent/corpus.txt does not exist"),
     (["--steps", "0"], "--steps: Input should be greater than or equal to 1"),
     (["--group", "2", "--groups", "2"], "group 2 is not below groups=2"),

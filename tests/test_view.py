@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from service.controlplane.chaos import ChaosKill, ChaosReport
-from service.controlplane.models import KillHealReport
+from service.controlplane.models import ChaosKill, ChaosReport, KillHealReport
 from service.view import drill_table
 
 

@@ -15,8 +15,8 @@ from typing import Iterator
 import httpx
 
 from cluster import REPO, wait_for
-from service.proctree import process_tree
-from trainer.launch import free_port
+from processes import Owner
+from protocol.torchrun import free_port
 
 TOKEN = "e2e-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -34,32 +34,27 @@ class UpJob:
         return json.loads((self.state / "connection.json").read_text())
 
 
-def end_tree(proc: subprocess.Popen) -> None:
-    """SIGKILL a process and everything under it, leaves first, by pid."""
-    if proc.poll() is None:
-        for child in process_tree(proc.pid)[::-1]:
-            child.kill()
-    proc.wait(30)
-
-
 @contextmanager
 def ftctl_up(tmp: Path, *args: str) -> Iterator[UpJob]:
-    """`ftctl up` with 2 groups × 2 ranks of a small model on free ports; ended, whole tree, afterwards."""
+    """`ftctl up` with 2 groups × 2 ranks of a small model on free ports; every process it started
+    (orphans included) is ended afterwards."""
     port, state, log = free_port(), tmp / "state", tmp / "ftctl-up.log"
+    owner = Owner()
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "service.cli", "up", "--groups", "2", "--nproc-per-group", "2", "--steps", "100000",
+            [sys.executable, "-m", "service.cli", "up", "--groups", "2", "--ranks-per-group", "2", "--steps", "100000",
              "--port", str(port), "--lighthouse-port", str(free_port()), "--state-dir", str(state), "--refresh", "0.5",
              "--trainer-arg=--seq-len=64", "--trainer-arg=--batch-size=2", "--trainer-arg=--fingerprint-every=5",
              *args],
-            cwd=REPO, env={**os.environ, "FTCTL_TOKEN": TOKEN, "COLUMNS": "150"}, stdout=out, stderr=subprocess.STDOUT,
+            cwd=REPO, env=owner.env(FTCTL_TOKEN=TOKEN, COLUMNS="150"), stdout=out, stderr=subprocess.STDOUT,
             start_new_session=True)
     api = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30)
     try:
         wait_for(lambda: (state / "connection.json").exists(), 120, "ftctl up to start its services")
         yield UpJob(proc, api, state, log)
     finally:
-        end_tree(proc)
+        owner.end()
+        proc.wait()
         api.close()
 
 

@@ -81,15 +81,20 @@ def newest_complete(root: Path, warn) -> Found | None:
 class Checkpointer:
     """Saves and loads the whole training state of one replica group."""
 
-    def __init__(self, root: Path, group: int, keep: int, state: Callable[[], dict[str, Any]],
+    def __init__(self, root: Path, group: int, keep: int, every: int, state: Callable[[], dict[str, Any]],
                  restore: Callable[[dict[str, Any]], None]):
         """``state()`` gives the tensors (DTensors allowed) and values to save; after a load
-        fills them in place, ``restore(state)`` applies the non-tensor values."""
+        fills them in place, ``restore(state)`` applies the non-tensor values. A checkpoint is
+        due every ``every`` committed steps; the newest ``keep`` are kept."""
         self.root = root
         self.group = group
         self.keep = keep
+        self.every = every
         self.state = state
         self.restore = restore
+
+    def due(self, step: int) -> bool:
+        return step % self.every == 0
 
     def save(self, step: int) -> tuple[Path, float]:
         """Collective over the group's ranks. Returns the published folder and seconds taken."""

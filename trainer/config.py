@@ -12,6 +12,7 @@ from typing import Literal
 from pydantic import AliasChoices, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from protocol import defaults
 from trainer.errors import ConfigError
 
 
@@ -27,7 +28,7 @@ class TrainerConfig(BaseSettings):
 
     # --- the job and this group's place in it
     lighthouse: str = Field(
-        "http://127.0.0.1:29510",
+        defaults.lighthouse_address(),
         validation_alias=AliasChoices("lighthouse", "TORCHFT_LIGHTHOUSE"),
         description="torchft Lighthouse address (env TORCHFT_LIGHTHOUSE)",
     )
@@ -42,9 +43,10 @@ class TrainerConfig(BaseSettings):
         description="replica groups in the job (env NUM_REPLICA_GROUPS); with the seed it "
         "decides which batch each (group, rank, step) trains",
     )
-    nproc_per_node: int = Field(
-        2, ge=1,
-        description="ranks in this group (K), when `python -m trainer` launches torchrun itself",
+    ranks_per_group: int = Field(
+        defaults.RANKS_PER_GROUP, ge=1,
+        description="ranks in this group (K): the processes `python -m trainer` starts under torchrun "
+        "(under torchrun, its world size)",
     )
     master_port: int = Field(
         0, ge=0, le=65535,

@@ -3,7 +3,7 @@
 The batch is a pure function of (seed, step, group, rank, ranks per group, groups): the
 corpus is cut into windows of ``seq_len + 1`` bytes, every epoch visits all windows in a
 seeded random order, and the global sample number of sample j of rank r of group g at step s
-is ``((s * groups + g) * ranks + r) * per_rank_batch + j``. No two (step, group, rank) share a
+is ``((s * groups + g) * ranks_per_group + r) * per_rank_batch + j``. No two (step, group, rank) share a
 sample inside an epoch, and a restarted or healed rank trains exactly the samples its step
 says: nothing is trained twice.
 """
@@ -25,7 +25,7 @@ class BatchPlan:
     num_tokens: int
     seq_len: int
     groups: int
-    ranks: int
+    ranks_per_group: int
     per_rank_batch: int
     seed: int
 
@@ -34,7 +34,7 @@ class BatchPlan:
         return (self.num_tokens - 1) // self.seq_len
 
     def sample_numbers(self, step: int, group: int, rank: int) -> list[int]:
-        first = ((step * self.groups + group) * self.ranks + rank) * self.per_rank_batch
+        first = ((step * self.groups + group) * self.ranks_per_group + rank) * self.per_rank_batch
         return list(range(first, first + self.per_rank_batch))
 
     def window_indices(self, step: int, group: int, rank: int) -> list[int]:

@@ -20,20 +20,45 @@ import torch.nn as nn
 from torch.distributed.fsdp import FSDPModule
 from torchft import Manager, ProcessGroupGloo, ProcessGroupNCCL
 from torchft.checkpointing import CheckpointTransport, HTTPTransport
-from torchft.manager import WorldSizeMode
+from torchft.manager import REPLICA_ID_KEY, WorldSizeMode
 from torchft.process_group import ManagedProcessGroup
 
+from protocol.replicas import replica_name
 from trainer.config import TrainerConfig
 from trainer.errors import ConfigError
 
-REPLICA_NAME_PREFIX = "group"  # torchft reads the group id back from the trailing digits
+LIGHTHOUSE_PROBE_TIMEOUT_S = 5.0
+"""Before anything is built: a Lighthouse that does not accept a connection this fast is not there."""
+TORCHFT_VERSION = "0.2.0"
 
 
-def replica_name(group: int) -> str:
-    return f"{REPLICA_NAME_PREFIX}{group}"
+class ManagerInternals:
+    """What this trainer reads of a torchft Manager beyond its public API, in one place.
+
+    Pinned to torchft 0.2.0 (``TORCHFT_VERSION``); tests/test_trainer_units.py builds a real
+    Manager and fails when upstream renames or removes any of these.
+    """
+
+    def __init__(self, manager: Manager):
+        self.manager = manager
+
+    @property
+    def healing(self) -> bool:
+        """This step loaded state fetched from a peer. Settled once the step's all-reduce has
+        waited for the async quorum; read it before ``should_commit``, which resets it."""
+        return self.manager._healing
+
+    @property
+    def quorum_id(self) -> int:
+        """The quorum the current step trains in (-1 before the first)."""
+        return self.manager._quorum_id
+
+    def replica_id(self) -> str:
+        """``group{g}:{uuid}``, as rank 0's Manager registered it with the Lighthouse."""
+        return self.manager._store.get(REPLICA_ID_KEY).decode()
 
 
-def check_lighthouse_reachable(address: str, timeout_s: float = 5.0) -> None:
+def check_lighthouse_reachable(address: str, timeout_s: float = LIGHTHOUSE_PROBE_TIMEOUT_S) -> None:
     parts = urlsplit(address if "://" in address else f"http://{address}")
     if not parts.hostname or not parts.port:
         raise ConfigError(f"--lighthouse {address!r} is not host:port or http://host:port")

@@ -15,13 +15,6 @@ from trainer.errors import ConfigError
 VOCAB_SIZE = 256  # byte-level tokens: no tokenizer to download
 
 
-def flavors() -> list[str]:
-    install_triton_kernel_stub()
-    from torchtitan.models.llama3 import llama3_configs
-
-    return list(llama3_configs)
-
-
 def model_config(flavor: str):
     """The flavor's config with a 256-token vocabulary and plain SDPA attention."""
     install_triton_kernel_stub()

@@ -18,10 +18,14 @@ from protocol.events import TorchftLogEvent, BaseEvent, events_file_name
 
 _STOP = object()
 TORCHFT_LOGGERS = ("torchft_quorums", "torchft_commits", "torchft_errors")
+QUEUE_CAPACITY = 10_000
+"""Events waiting for the writer thread: minutes of steps; only a stuck disk fills it."""
+CLOSE_TIMEOUT_S = 5.0
+"""At exit, the writer gets this long to flush what is queued."""
 
 
 class EventSink:
-    def __init__(self, events_dir: Path, group: int, rank: int, capacity: int = 10_000):
+    def __init__(self, events_dir: Path, group: int, rank: int, capacity: int = QUEUE_CAPACITY):
         self.group = group
         self.rank = rank
         self.path = events_dir / events_file_name(group, rank)
@@ -36,7 +40,7 @@ class EventSink:
         except queue.Full:
             self.dropped += 1
 
-    def close(self, timeout_s: float = 5.0) -> None:
+    def close(self, timeout_s: float = CLOSE_TIMEOUT_S) -> None:
         """Flush what is queued and stop the writer."""
         try:
             self._queue.put(_STOP, timeout=timeout_s)

@@ -1,4 +1,10 @@
-"""The training loop of one rank of one replica group (run under torchrun)."""
+"""The training loop of one rank of one replica group (run under torchrun).
+
+The loop reads as its concerns: :meth:`RankTrainer.step` trains one step and returns what
+happened (:class:`StepOutcome`); :meth:`RankTrainer.report` turns that into events and progress
+lines; after a committed step the fingerprinter and the checkpointer each decide, on their own
+interval, whether it is their turn.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +18,6 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torchft
-from torchft.manager import REPLICA_ID_KEY
 from torch.distributed.device_mesh import init_device_mesh
 
 from protocol.events import (
@@ -25,13 +30,17 @@ from protocol.events import (
     StartEvent,
     StepEvent,
 )
+from protocol.spare import readiness_file
 from trainer.checkpoint import Checkpointer, Found
 from trainer.config import TrainerConfig
-from trainer.fault_tolerance import ReplicateAllReduce, build_manager, check_lighthouse_reachable
+from trainer.fault_tolerance import ManagerInternals, ReplicateAllReduce, build_manager, check_lighthouse_reachable
 from trainer.setup import build_training, init_device
+from trainer.state import LiveState
 from trainer.telemetry import EventSink, TorchftLogBridge
 
 log = logging.getLogger("trainer")
+SPARE_POLL_S = 0.01
+"""How often a warm spare looks for its promotion file: promotion is on the fail-over's critical path."""
 
 
 @dataclass
@@ -49,22 +58,67 @@ class StopRequest:
         self.requested = True
 
 
+@dataclass(frozen=True)
+class StepOutcome:
+    """What one step did, as torchft settled it. ``trained_step`` is the manager step whose
+    batch it trained; ``step`` the manager step after it (one more when it committed)."""
+
+    trained_step: int
+    step: int
+    committed: bool
+    loss: float
+    lr: float
+    step_s: float
+    allreduce_s: float
+    commit_s: float
+    quorum_id: int
+    participants: int
+    participating: bool
+    healed: bool
+    batches_committed: int
+    error: str | None
+
+    @property
+    def compute_s(self) -> float:
+        """Forward, backward and optimizer: the step minus its waits."""
+        return max(0.0, self.step_s - self.allreduce_s - self.commit_s)
+
+    @property
+    def healed_step(self) -> int:
+        """The step the healed state was taken at."""
+        return self.step - 1 if self.committed else self.step
+
+
+class Fingerprinter:
+    """Every ``every`` committed steps, a digest of this rank's shards (protocol: FingerprintEvent)."""
+
+    def __init__(self, live: LiveState, sink: EventSink, every: int):
+        self.live = live
+        self.sink = sink
+        self.every = every
+
+    def after_commit(self, step: int) -> None:
+        if step % self.every == 0:
+            self.sink.emit(FingerprintEvent, step=step, digest=self.live.fingerprint())
+
+
 class RankTrainer:
-    def __init__(self, cfg: TrainerConfig, process_start: float, stop: "StopRequest"):
+    def __init__(self, cfg: TrainerConfig, process_start: float, stop: StopRequest):
         self.cfg = cfg
         t_imports = time.time()
         check_lighthouse_reachable(cfg.lighthouse)
         self.device, backend = init_device(cfg)
         dist.init_process_group(backend)
-        self.rank, self.ranks = dist.get_rank(), dist.get_world_size()
-        mesh = init_device_mesh(self.device.type, (self.ranks,), mesh_dim_names=("dp_shard",))
+        self.rank, self.ranks_per_group = dist.get_rank(), dist.get_world_size()
+        mesh = init_device_mesh(self.device.type, (self.ranks_per_group,), mesh_dim_names=("dp_shard",))
         t_pg = time.time()
 
         self.sink = EventSink(cfg.events_dir, cfg.group, self.rank)
         TorchftLogBridge(self.sink).install()
-        self.training = build_training(cfg, mesh, self.device, cfg.group, self.rank, self.ranks)
+        self.training = build_training(cfg, mesh, self.device, cfg.group, self.rank, self.ranks_per_group)
         self.model, self.optimizer = self.training.model, self.training.optimizer
         self.scheduler, self.position, self.live = self.training.scheduler, self.training.position, self.training.live
+        self.fingerprinter = Fingerprinter(self.live, self.sink, cfg.fingerprint_every)
         t_model = time.time()
 
         # The manager's own state (step, batches committed) as a checkpoint restores it; the
@@ -75,7 +129,7 @@ class RankTrainer:
         self.loaded: Found | None = None
         if cfg.checkpoint_dir is not None:
             self.checkpointer = Checkpointer(
-                cfg.checkpoint_dir, cfg.group, cfg.checkpoint_keep,
+                cfg.checkpoint_dir, cfg.group, cfg.checkpoint_keep, cfg.checkpoint_every,
                 state=lambda: {**self.live.checkpoint_state(),
                                "torchft": self.manager.state_dict() if self.manager else dict(self.manager_state)},
                 restore=self._restore_checkpoint,
@@ -88,15 +142,17 @@ class RankTrainer:
 
         self.manager, self.transport = build_manager(cfg, self.live.load_state_dict, self.live.state_dict)
         self.manager.load_state_dict(self.manager_state)
+        self.internals = ManagerInternals(self.manager)
         self.replicate = ReplicateAllReduce(self.manager)
         self.replicate.install(self.model)
         self.ft_optimizer = torchft.Optimizer(self.manager, self.optimizer)
+        self.quorum_id = -1  # the quorum the last reported step trained in
         t_manager = time.time()
 
         resumed_step = self.manager.current_step()
         self.sink.emit(
-            StartEvent, pid=os.getpid(), replica_id=self._replica_id(),
-            ranks_per_group=self.ranks, device=str(self.device), flavor=cfg.flavor,
+            StartEvent, pid=os.getpid(), replica_id=self.internals.replica_id(),
+            ranks_per_group=self.ranks_per_group, device=str(self.device), flavor=cfg.flavor,
             parameters=self.training.parameters, imports_s=t_imports - process_start,
             process_group_s=t_pg - t_imports, data_s=self.training.data_s, model_s=self.training.model_s,
             checkpoint_s=t_ckpt - t_model + (t_promoted - t_ckpt - spare_wait_s), manager_s=t_manager - t_promoted,
@@ -107,31 +163,27 @@ class RankTrainer:
                   + (f", resumed at step {resumed_step}" if resumed_step else "")
                   + (f", promoted after {spare_wait_s:.1f}s as a warm spare" if spare_wait_s else ""))
 
-    def _wait_as_spare(self, stop: "StopRequest") -> float:
+    def _wait_as_spare(self, stop: StopRequest) -> float:
         """A warm spare: everything is built; wait outside the quorum until the agent promotes us.
 
-        Readiness is a file per rank beside the promotion file; promotion is the file itself.
-        A checkpoint published while we waited is loaded before joining.
+        Readiness is a file per rank beside the promotion file; promotion is the file itself
+        (``protocol/spare.py``). A checkpoint published while we waited is loaded before joining.
         """
         promote = self.cfg.spare_promote_file
         promote.parent.mkdir(parents=True, exist_ok=True)
-        promote.with_name(f"{promote.name}.ready-r{self.rank}").touch()
+        readiness_file(promote, self.rank).touch()
         self._say("warm spare ready; waiting to be promoted")
         start = time.time()
         while not promote.exists():
             if stop.requested:
                 raise SystemExit(0)
-            time.sleep(0.01)
+            time.sleep(SPARE_POLL_S)
         waited = time.time() - start
         if self.checkpointer is not None:
             newest = self.checkpointer.newest_name()
             if newest is not None and (self.loaded is None or newest != self.loaded.path.name):
                 self._resume()
         return waited
-
-    def _replica_id(self) -> str:
-        """``group{g}:{uuid}``, as rank 0's manager registered it with the Lighthouse."""
-        return self.manager._store.get(REPLICA_ID_KEY).decode()
 
     def _say(self, message: str) -> None:
         if self.rank == 0:
@@ -155,66 +207,78 @@ class RankTrainer:
         self.loaded = found
         self.sink.emit(CheckpointEvent, action="loaded", step=found.step, seconds=seconds, path=str(found.path))
 
+    def step(self) -> StepOutcome:
+        """Train one step: quorum, forward and backward (gradients averaged across groups by the
+        FSDP hooks), and the optimizer step only if every rank of every group succeeded."""
+        manager = self.manager
+        start = time.perf_counter()
+        self.replicate.seconds = 0.0
+        self.ft_optimizer.zero_grad()
+        before = manager.current_step()
+        loss = self.training.forward_backward(before)
+        healed = self.internals.healing  # settled: the all-reduce waited for the quorum
+        commit_start = time.perf_counter()
+        self.ft_optimizer.step()
+        commit_s = time.perf_counter() - commit_start
+        after = manager.current_step()
+        committed = after > before
+        participants = manager.num_participants()
+        error = manager.errored()
+        if committed:
+            self.scheduler.step()
+            self.position.batches_skipped += (self.cfg.groups - participants) * self.ranks_per_group
+        return StepOutcome(
+            trained_step=before, step=after, committed=committed, loss=loss.item(),
+            lr=self.optimizer.param_groups[0]["lr"], step_s=time.perf_counter() - start,
+            allreduce_s=self.replicate.seconds, commit_s=commit_s, quorum_id=self.internals.quorum_id,
+            participants=participants, participating=manager.is_participating(), healed=healed,
+            batches_committed=manager.batches_committed(),
+            error=repr(error.original_exception) if error else None,
+        )
+
+    def report(self, o: StepOutcome) -> None:
+        """The step's events (quorum change, heal, the step, a failed commit) and its progress line."""
+        if o.quorum_id != self.quorum_id:
+            self.sink.emit(QuorumEvent, quorum_id=o.quorum_id, previous_quorum_id=self.quorum_id, step=o.step,
+                           participants=o.participants)
+            self._say(f"quorum {o.quorum_id}: {o.participants} group(s) training at step {o.trained_step}")
+            self.quorum_id = o.quorum_id
+        if o.healed:
+            self.sink.emit(HealEvent, step=o.healed_step, source_group=self.live.last_source_group,
+                           bytes=self.live.last_load_bytes, fetch_s=self.transport.last_fetch_s,
+                           load_s=self.live.last_load_s)
+            self._say(f"healed from group {self.live.last_source_group} at step {o.healed_step}: "
+                      f"{self.live.last_load_bytes / 2**20:.1f} MiB in {self.transport.last_fetch_s:.2f}s")
+        self.sink.emit(
+            StepEvent, step=o.step, committed=o.committed, loss=o.loss, lr=o.lr, step_s=o.step_s,
+            compute_s=o.compute_s, allreduce_s=o.allreduce_s, commit_s=o.commit_s, quorum_id=o.quorum_id,
+            participants=o.participants, participating=o.participating, healed=o.healed,
+            batches_committed=o.batches_committed, batches_skipped=self.position.batches_skipped,
+        )
+        if not o.committed:
+            self.sink.emit(CommitFailedEvent, step=o.trained_step, quorum_id=o.quorum_id, error=o.error)
+            self._say(f"step {o.trained_step} not committed: {o.error or 'too few replicas'}")
+        elif o.step % self.cfg.log_every == 0:
+            self._say(f"step {o.step:>5}  loss {o.loss:.3f}  {o.participants} group(s)  "
+                      f"{o.step_s:.2f}s/step (all-reduce {o.allreduce_s:.2f}s)")
+
+    def after_commit(self, step: int) -> None:
+        """The components that act on committed steps, each on its own interval."""
+        self.fingerprinter.after_commit(step)
+        if self.checkpointer and self.checkpointer.due(step) and self.manager.participating_rank() == 0:
+            path, seconds = self.checkpointer.save(step)
+            self.sink.emit(CheckpointEvent, action="saved", step=step, seconds=seconds, path=str(path))
+
     def train(self, stop: StopRequest) -> str:
-        cfg, manager = self.cfg, self.manager
-        quorum_id = -1
-        while manager.current_step() < cfg.steps:
+        while self.manager.current_step() < self.cfg.steps:
             if stop.requested:
                 return "stopped"
-            start = time.perf_counter()
-            self.replicate.seconds = 0.0
-            self.ft_optimizer.zero_grad()
-            step = manager.current_step()
-            loss = self.training.forward_backward(step)
-            healed = manager._healing  # settled: the all-reduce waited for the quorum
-            commit_start = time.perf_counter()
-            self.ft_optimizer.step()
-            commit_s = time.perf_counter() - commit_start
-            committed = manager.current_step() > step
-            participants = manager.num_participants()
-            error = manager.errored()
-            if committed:
-                self.scheduler.step()
-                self.position.batches_skipped += (cfg.groups - participants) * self.ranks
-            step_s = time.perf_counter() - start
-            now_step = manager.current_step()
-
-            if manager._quorum_id != quorum_id:
-                self.sink.emit(QuorumEvent, quorum_id=manager._quorum_id, previous_quorum_id=quorum_id,
-                               step=now_step, participants=participants)
-                self._say(f"quorum {manager._quorum_id}: {participants} group(s) training at step {step}")
-                quorum_id = manager._quorum_id
-            if healed:
-                healed_step = now_step - 1 if committed else now_step  # the step the state was taken at
-                self.sink.emit(HealEvent, step=healed_step, source_group=self.live.last_source_group,
-                               bytes=self.live.last_load_bytes, fetch_s=self.transport.last_fetch_s,
-                               load_s=self.live.last_load_s)
-                self._say(f"healed from group {self.live.last_source_group} at step {healed_step}: "
-                          f"{self.live.last_load_bytes / 2**20:.1f} MiB in {self.transport.last_fetch_s:.2f}s")
-            loss_value = loss.item()
-            self.sink.emit(
-                StepEvent, step=now_step, committed=committed, loss=loss_value,
-                lr=self.optimizer.param_groups[0]["lr"], step_s=step_s,
-                compute_s=max(0.0, step_s - self.replicate.seconds - commit_s),
-                allreduce_s=self.replicate.seconds, commit_s=commit_s, quorum_id=quorum_id,
-                participants=participants, participating=manager.is_participating(), healed=healed,
-                batches_committed=manager.batches_committed(), batches_skipped=self.position.batches_skipped,
-            )
-            if not committed:
-                reason = repr(error.original_exception) if error else None
-                self.sink.emit(CommitFailedEvent, step=step, quorum_id=quorum_id, error=reason)
-                self._say(f"step {step} not committed: {reason or 'too few replicas'}")
-                continue
-            if now_step % cfg.fingerprint_every == 0:
-                self.sink.emit(FingerprintEvent, step=now_step, digest=self.live.fingerprint())
-            if self.checkpointer and now_step % cfg.checkpoint_every == 0 and manager.participating_rank() == 0:
-                path, seconds = self.checkpointer.save(now_step)
-                self.sink.emit(CheckpointEvent, action="saved", step=now_step, seconds=seconds, path=str(path))
-            if now_step % cfg.log_every == 0:
-                self._say(f"step {now_step:>5}  loss {loss_value:.3f}  {participants} group(s)  "
-                          f"{step_s:.2f}s/step (all-reduce {self.replicate.seconds:.2f}s)")
-            if cfg.step_sleep_s:
-                time.sleep(cfg.step_sleep_s)
+            outcome = self.step()
+            self.report(outcome)
+            if outcome.committed:
+                self.after_commit(outcome.step)
+                if self.cfg.step_sleep_s:
+                    time.sleep(self.cfg.step_sleep_s)
         return "done"
 
     def close(self, reason: str, error: str | None = None) -> None:

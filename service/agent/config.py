@@ -1,3 +1,5 @@
+"""Settings of one agent: flags, or environment variables ``FT_AGENT_*``."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -5,22 +7,23 @@ from pathlib import Path
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from protocol import defaults
+from service.agent.supervisor import STOP_TIMEOUT_S
+
 
 class AgentSettings(BaseSettings):
-    """Settings of one agent: flags, or environment variables ``FT_AGENT_*``."""
-
     model_config = SettingsConfigDict(env_prefix="FT_AGENT_", cli_kebab_case=True, cli_implicit_flags=True,
                                       cli_prog_name="python -m service.agent", extra="ignore")
 
     group: int = Field(ge=0, description="the replica group this agent runs")
     groups: int = Field(ge=1, description="replica groups in the job")
-    nproc_per_group: int = Field(2, ge=1, description="ranks (torchrun processes) in the group")
-    lighthouse: str = Field("http://127.0.0.1:29510", description="torchft Lighthouse address for the trainer")
+    ranks_per_group: int = Field(defaults.RANKS_PER_GROUP, ge=1, description="ranks (torchrun processes) in the group")
+    lighthouse: str = Field(defaults.lighthouse_address(), description="torchft Lighthouse address for the trainer")
     control_plane: str | None = Field(None, description="control-plane URL to forward events to")
     token: str = Field(validation_alias=AliasChoices("token", "FTCTL_TOKEN"),
                        description="bearer token for commands from, and events to, the control plane")
-    host: str = Field("127.0.0.1", description="address of this agent's HTTP API")
-    port: int = Field(0, ge=0, le=65535)
+    host: str = Field(defaults.LOOPBACK, description="address of this agent's HTTP API")
+    port: int = Field(0, ge=0, le=65535, description="port of this agent's HTTP API; 0 picks a free one")
     advertise_host: str | None = Field(None, description="address other groups reach this group at (default loopback)")
     state_dir: Path = Field(Path("ftstate"), description="events/, logs/ and checkpoints/ live here")
     trainer_args: list[str] = Field(default_factory=list, description="extra trainer flags, as a JSON list")
@@ -28,10 +31,12 @@ class AgentSettings(BaseSettings):
     auto_rejoin_delay_s: float | None = Field(None, ge=0, description="restart a killed or crashed group after this delay; none: stay down until rejoin")
     spare: bool = Field(False, description="keep a warm spare of the group: pre-started, outside the quorum, promoted by rejoin")
     spare_respawn_delay_s: float = Field(10.0, ge=0, description="after a promotion, wait this long before starting the next spare")
-    stop_timeout_s: float = Field(30.0, gt=0, description="graceful stop: SIGTERM, then SIGKILL after this")
+    stop_timeout_s: float = Field(STOP_TIMEOUT_S, gt=0, description="graceful stop: SIGTERM, then SIGKILL after this")
     buffer_capacity: int = Field(20_000, ge=10, description="events kept while the control plane is away")
-    forward_interval_s: float = Field(0.2, gt=0)
-    forward_batch: int = Field(500, ge=1)
+    forward_interval_s: float = Field(0.2, gt=0, description="how often new events are read and shipped")
+    forward_batch: int = Field(500, ge=1, description="events per POST to the control plane")
+    forward_timeout_s: float = Field(5.0, gt=0, description="a POST to the control plane slower than this failed; "
+                                     "the batch is kept and sent again")
 
     @property
     def events_dir(self) -> Path:

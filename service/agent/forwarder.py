@@ -2,7 +2,8 @@
 
 Training never waits for this: the trainer appends to files, this thread reads them. While
 the control plane is away events stay in a bounded buffer; the oldest are dropped (and
-counted) when it is full.
+counted) when it is full. Each batch is an ``IngestBatch`` posted to ``INGEST_PATH``
+(``protocol/ingest.py``).
 """
 
 from __future__ import annotations
@@ -14,31 +15,35 @@ from collections import deque
 from pathlib import Path
 
 import httpx
+from pydantic import ValidationError
 
-from protocol.events import ProcessEvent, events_file_glob, parse_event
+from protocol.events import Event, ProcessEvent, StepEvent, events_file_glob, parse_event, speaks_for_group
+from protocol.ingest import INGEST_PATH, IngestBatch, IngestResult
 
 log = logging.getLogger("agent.forwarder")
+JOIN_TIMEOUT_S = 10.0
+"""At shutdown, the last read and ship of what the group wrote may take this long; what is
+still buffered after it is lost with the agent."""
 
 
 class EventForwarder:
     def __init__(self, group: int, events_dir: Path, control_plane: str | None, token: str,
-                 capacity: int, interval_s: float, batch: int):
+                 capacity: int, interval_s: float, batch: int, timeout_s: float):
         self.group = group
         self.events_dir = events_dir
         self.control_plane = control_plane
         self.interval_s = interval_s
         self.batch = batch
-        self.buffer: deque[dict] = deque()
+        self.buffer: deque[Event] = deque()
         self.capacity = capacity
         self.dropped = 0
-        self.invalid = 0
         self.forwarded = 0
         self.last_step: int | None = None
         self.reachable = False
         self._offsets: dict[Path, int] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._client = httpx.Client(timeout=5.0, headers={"Authorization": f"Bearer {token}"})
+        self._client = httpx.Client(timeout=timeout_s, headers={"Authorization": f"Bearer {token}"})
         self._thread = threading.Thread(target=self._run, name="event-forwarder", daemon=True)
 
     def start(self) -> None:
@@ -50,7 +55,7 @@ class EventForwarder:
     def _files(self) -> list[Path]:
         return sorted(self.events_dir.glob(events_file_glob(self.group)))
 
-    def push(self, event: dict) -> None:
+    def push(self, event: Event) -> None:
         with self._lock:
             if len(self.buffer) >= self.capacity:
                 self.buffer.popleft()
@@ -58,7 +63,7 @@ class EventForwarder:
             self.buffer.append(event)
 
     def emit_process(self, action: str, **fields) -> None:
-        self.push(ProcessEvent(ts=time.time(), group=self.group, action=action, **fields).model_dump())
+        self.push(ProcessEvent(ts=time.time(), group=self.group, action=action, **fields))
 
     def _read_new(self) -> None:
         for path in self._files():
@@ -79,12 +84,12 @@ class EventForwarder:
             for line in complete.splitlines():
                 try:
                     event = parse_event(line)
-                except ValueError:
-                    self.invalid += 1
+                except ValidationError as err:
+                    log.warning("skipping a line of %s that is no event: %s", path.name, err.errors()[0]["msg"])
                     continue
-                if event.type == "step" and event.rank == 0 and event.committed:
+                if isinstance(event, StepEvent) and speaks_for_group(event) and event.committed:
                     self.last_step = event.step
-                self.push(event.model_dump())
+                self.push(event)
 
     def _ship(self) -> None:
         if not self.control_plane:
@@ -97,10 +102,11 @@ class EventForwarder:
                 dropped = self.dropped
             if not chunk:
                 return
+            batch = IngestBatch(group=self.group, events=[e.model_dump(mode="json") for e in chunk], dropped=dropped)
             try:
-                self._client.post(f"{self.control_plane}/api/v1/ingest",
-                                  json={"group": self.group, "events": chunk, "dropped": dropped}).raise_for_status()
-            except httpx.HTTPError as err:
+                response = self._client.post(f"{self.control_plane}{INGEST_PATH}", json=batch.model_dump(mode="json"))
+                IngestResult.model_validate(response.raise_for_status().json())
+            except (httpx.HTTPError, ValueError) as err:
                 if self.reachable:
                     log.warning("control plane unreachable (%s); buffering events", err)
                 self.reachable = False
@@ -109,7 +115,7 @@ class EventForwarder:
             self.reachable = True
             self.forwarded += len(chunk)
 
-    def _put_back(self, chunk: list[dict]) -> None:
+    def _put_back(self, chunk: list[Event]) -> None:
         """Return an unsent chunk to the front, oldest first out if that overfills the buffer."""
         with self._lock:
             self.buffer.extendleft(reversed(chunk))
@@ -128,5 +134,5 @@ class EventForwarder:
     def stop(self) -> None:
         self._stop.set()
         if self._thread.is_alive():
-            self._thread.join(10)
+            self._thread.join(JOIN_TIMEOUT_S)
         self._client.close()

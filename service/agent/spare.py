@@ -13,7 +13,9 @@ import subprocess
 import threading
 from pathlib import Path
 
-from service.agent.supervisor import GroupCommand, reap_pidfile, terminate_tree
+from protocol.agent import SpareState
+from protocol.spare import promotion_file, readiness_file, spare_files
+from service.agent.supervisor import GroupCommand, reap_pidfile
 
 log = logging.getLogger("agent.spare")
 
@@ -33,11 +35,10 @@ class WarmSpare:
         return self.run_dir / f"group{self.group}.spare.pid"
 
     def _promote_path(self) -> Path:
-        return self.run_dir / f"group{self.group}.promote.{self.generation}"
+        return promotion_file(self.run_dir, self.group, self.generation)
 
     def _ready_paths(self) -> list[Path]:
-        path = self._promote_path()
-        return [path.with_name(f"{path.name}.ready-r{r}") for r in range(self.command.nproc)]
+        return [readiness_file(self._promote_path(), r) for r in range(self.command.ranks_per_group)]
 
     def launch(self) -> None:
         with self._lock:
@@ -54,12 +55,11 @@ class WarmSpare:
 
     def clean(self, keep_from: int) -> None:
         """Delete the promotion and readiness files of generations before ``keep_from``."""
-        for path in self.run_dir.glob(f"group{self.group}.promote.*"):
-            generation = path.name.split(".")[2]
-            if not generation.isdigit() or int(generation) < keep_from:
+        for generation, path in spare_files(self.run_dir, self.group):
+            if generation is None or generation < keep_from:
                 path.unlink(missing_ok=True)
 
-    def state(self) -> str | None:
+    def state(self) -> SpareState | None:
         """None (no spare), "starting" or "ready"."""
         with self._lock:
             if self.proc is None or self.proc.poll() is not None:
@@ -97,4 +97,4 @@ class WarmSpare:
         with self._lock:
             proc, self.proc = self.proc, None
         if proc is not None:
-            terminate_tree(proc, 10)
+            self.command.stop(proc)

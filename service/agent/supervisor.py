@@ -9,16 +9,20 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Literal
+from typing import TYPE_CHECKING, Callable
 
-from service.proctree import process_tree, signal_tree, wait_gone
-from trainer.launch import torchrun_argv, torchrun_env
+from protocol.events import ExitKind
+from protocol.agent import LastExit
+from protocol.torchrun import torchrun_argv, torchrun_env
+from service.proctree import REAPED_S, end_tree, kill_tree, process_tree, signal_tree, wait_gone
 
 if TYPE_CHECKING:
     from service.agent.spare import WarmSpare
 
 log = logging.getLogger("agent.supervisor")
-ExitKind = Literal["killed", "crashed", "stopped", "finished"]
+STOP_TIMEOUT_S = 30.0
+"""A graceful stop: the ranks finish the step in flight (a checkpoint save among it) and write
+their exit events; a group that takes longer is SIGKILLed."""
 
 
 class StateConflict(Exception):
@@ -30,20 +34,25 @@ class GroupCommand:
     """How to start one group's torchrun: shared by the group itself and its warm spare."""
 
     group: int
-    nproc: int
+    ranks_per_group: int
     trainer_args: list[str]
     master_addr: str | None
     log_path: Path
+    stop_timeout_s: float = STOP_TIMEOUT_S
 
     def spawn(self, banner: str, extra_args: tuple[str, ...] = ()) -> subprocess.Popen:
         """torchrun in a session of its own, its output appended to the group's log."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        argv = torchrun_argv(self.nproc, [*self.trainer_args, *extra_args], self.master_addr)
+        argv = torchrun_argv(self.ranks_per_group, [*self.trainer_args, *extra_args], self.master_addr)
         with open(self.log_path, "ab") as out:
             out.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {banner}\n".encode())
             out.flush()
             return subprocess.Popen(argv, env=torchrun_env(), stdout=out, stderr=subprocess.STDOUT,
                                     start_new_session=True)
+
+    def stop(self, proc: subprocess.Popen) -> None:
+        """SIGTERM to torchrun (it forwards it to the ranks), then SIGKILL whatever is left."""
+        end_tree(proc, self.stop_timeout_s)
 
 
 def reap_pidfile(pid_path: Path) -> list[int]:
@@ -56,34 +65,21 @@ def reap_pidfile(pid_path: Path) -> list[int]:
     if not tree or "torch.distributed.run" not in " ".join(tree[0].cmdline()):
         return []
     log.warning("killing torchrun %d left behind by a previous agent (%s)", pid, pid_path.name)
-    pids = signal_tree(pid, signal.SIGKILL)
-    wait_gone(pids, 10)
-    return pids
-
-
-def terminate_tree(proc: subprocess.Popen, timeout_s: float) -> None:
-    """SIGTERM to torchrun (it forwards it to the ranks), then SIGKILL whatever is left."""
-    pids = [p.pid for p in process_tree(proc.pid)]
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-    for pid in wait_gone(pids, timeout_s):
-        signal_tree(pid, signal.SIGKILL)
-    proc.wait()
+    return kill_tree(pid)
 
 
 class GroupSupervisor:
-    def __init__(self, command: GroupCommand, pid_path: Path, on_event: Callable[..., None], stop_timeout_s: float,
+    def __init__(self, command: GroupCommand, pid_path: Path, on_event: Callable[..., None],
                  auto_rejoin_delay_s: float | None, spare: "WarmSpare | None" = None):
         self.command = command
         self.group = command.group
         self.pid_path = pid_path
         self.on_event = on_event
-        self.stop_timeout_s = stop_timeout_s
         self.auto_rejoin_delay_s = auto_rejoin_delay_s
         self.spare = spare
         self.proc: subprocess.Popen | None = None
         self.starts = 0
-        self.last_exit: dict | None = None
+        self.last_exit: LastExit | None = None
         self._intent: ExitKind | None = None
         self._lock = threading.RLock()
         self._shutdown = threading.Event()
@@ -136,7 +132,7 @@ class GroupSupervisor:
 
     def _exited(self, proc: subprocess.Popen, kind: ExitKind) -> None:
         code = proc.wait()
-        self.last_exit = {"kind": kind, "returncode": code, "ts": time.time()}
+        self.last_exit = LastExit(kind=kind, returncode=code, ts=time.time())
         log.info("group %d %s (exit code %s)", self.group, kind, code)
         self.on_event(kind, pid=proc.pid, returncode=code)
         if kind in ("killed", "crashed") and self.auto_rejoin_delay_s is not None:
@@ -157,7 +153,7 @@ class GroupSupervisor:
             self._intent = "killed"
             proc = self.proc
             pids = signal_tree(proc.pid, signal.SIGKILL)
-        wait_gone(pids, 10)
+        wait_gone(pids, REAPED_S)
         self._exited(proc, "killed")
         return pids
 
@@ -168,7 +164,7 @@ class GroupSupervisor:
                 raise StateConflict(f"group {self.group} is not running")
             self._intent = "stopped"
             proc = self.proc
-        terminate_tree(proc, self.stop_timeout_s)
+        self.command.stop(proc)
         self._exited(proc, "stopped")
 
     def shutdown(self) -> None:

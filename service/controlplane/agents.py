@@ -1,44 +1,46 @@
-"""The control plane's client for the agents' HTTP APIs."""
+"""The control plane's client for the agents' HTTP APIs (``protocol/agent.py`` on both sides)."""
 
 from __future__ import annotations
 
 import httpx
-from fastapi import HTTPException
+
+from protocol.agent import STATUS_PATH, AgentAction, AgentStatus, CommandResult, command_path
+from service.controlplane.errors import AgentConflict, AgentUnreachable, NoAgent
 
 
 class AgentClient:
-    def __init__(self, agents: dict[int, str], token: str):
+    def __init__(self, agents: dict[int, str], token: str, timeout_s: float):
         self.agents = agents
-        self.client = httpx.AsyncClient(timeout=30.0, headers={"Authorization": f"Bearer {token}"})
-
-    async def status(self, group: int) -> dict:
-        """The agent's own view: its processes, restarts, warm spare, event buffer."""
-        url = self._url(group)
-        try:
-            response = await self.client.get(f"{url}/status")
-            response.raise_for_status()
-        except httpx.HTTPError as err:
-            raise HTTPException(502, f"the agent of group {group} at {url} does not answer: {err}") from None
-        return response.json()
+        self.client = httpx.AsyncClient(timeout=timeout_s, headers={"Authorization": f"Bearer {token}"})
 
     def _url(self, group: int) -> str:
         url = self.agents.get(group)
         if url is None:
-            raise HTTPException(503, f"no agent is registered for group {group}; start it with ftctl up")
+            raise NoAgent(f"no agent is registered for group {group}; start it with ftctl up")
         return url
 
-    async def command(self, group: int, action: str) -> dict:
-        """POST an action to the group's agent; the agent's 409 stays a 409, silence is a 502."""
+    async def status(self, group: int) -> AgentStatus:
+        """The agent's own view: its processes, restarts, warm spare, event buffer."""
         url = self._url(group)
         try:
-            response = await self.client.post(f"{url}/{action}")
+            response = (await self.client.get(f"{url}{STATUS_PATH}")).raise_for_status()
+            return AgentStatus.model_validate(response.json())
+        except (httpx.HTTPError, ValueError) as err:
+            raise AgentUnreachable(f"the agent of group {group} at {url} does not answer: {err}") from None
+
+    async def command(self, group: int, action: AgentAction) -> CommandResult:
+        """POST an action to the group's agent: its 409 is an :class:`AgentConflict`, silence or
+        any other error an :class:`AgentUnreachable`."""
+        url = self._url(group)
+        try:
+            response = await self.client.post(f"{url}{command_path(action)}")
         except httpx.HTTPError as err:
-            raise HTTPException(502, f"the agent of group {group} at {url} does not answer: {err}") from None
+            raise AgentUnreachable(f"the agent of group {group} at {url} does not answer: {err}") from None
         if response.status_code == 409:
-            raise HTTPException(409, response.json().get("detail", "conflict"))
+            raise AgentConflict(response.json().get("detail", "conflict"))
         if response.status_code >= 400:
-            raise HTTPException(502, f"the agent of group {group} answered {response.status_code}: {response.text[:200]}")
-        return response.json()
+            raise AgentUnreachable(f"the agent of group {group} answered {response.status_code}: {response.text[:200]}")
+        return CommandResult.model_validate(response.json())
 
     async def aclose(self) -> None:
         await self.client.aclose()

@@ -1,11 +1,10 @@
-"""The control plane's FastAPI application."""
+"""The control plane's FastAPI application: its parts wired together, its routers, its errors."""
 
 from __future__ import annotations
 
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-import httpx
 from fastapi import Depends, FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
@@ -13,34 +12,50 @@ from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 
 from service.auth import require_token
+from service.controlplane import errors, goodput
 from service.controlplane.agents import AgentClient
+from service.controlplane.bus import EventBus
 from service.controlplane.db import Store
 from service.controlplane.deps import Services
 from service.controlplane.drills import DrillRunner
-from service.controlplane.hub import Hub
-from service.controlplane.metrics import StateCollector
-from service.controlplane.routers import drills, events, goodput, groups, health, quorum
+from service.controlplane.group_control import GroupControl
+from service.controlplane.groups import GroupBoard
+from service.controlplane.ingest import Ingestor
+from service.controlplane.lighthouse import LighthouseClient
+from service.controlplane.metrics import JobMetrics, StateCollector
+from service.controlplane.routers import drills, events, goodput as goodput_router, groups, health, quorum
 from service.controlplane.settings import ControlPlaneSettings
+
+
+def build_services(settings: ControlPlaneSettings) -> Services:
+    store = Store(settings.db)
+    store.fail_running_drills("interrupted: the control plane restarted while it ran")
+    board = GroupBoard(store, settings.groups)
+    bus = EventBus(settings.listener_capacity)
+    metrics = JobMetrics(settings.groups)
+    agents = AgentClient(settings.agents, settings.token, settings.agent_timeout_s)
+    control = GroupControl(agents, board)
+    metrics.registry.register(StateCollector(board, store, metrics, project=lambda: goodput.projection(
+        store, board.median_step_s(), settings.classic_recovery_json, list(goodput.DEFAULT_GPUS),
+        goodput.Assumptions())))
+    return Services(
+        settings=settings, store=store, board=board, bus=bus, ingest=Ingestor(store, board, metrics, bus),
+        agents=agents, control=control, drills=DrillRunner(settings, store, bus, control, agents),
+        lighthouse=LighthouseClient(settings.lighthouse_api, settings.lighthouse_timeout_s),
+        metrics_registry=metrics.registry,
+    )
 
 
 def create_app(settings: ControlPlaneSettings) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        store = Store(settings.db)
-        store.fail_running_drills("interrupted: the control plane restarted while it ran")
-        hub = Hub(store, settings.groups)
-        agents = AgentClient(settings.agents, settings.token)
-        runner = DrillRunner(hub, store, agents, settings.nproc_per_group, settings.drill_timeout_s)
-        lighthouse = httpx.AsyncClient(base_url=settings.lighthouse_api, timeout=3.0)
-        services = Services(settings, store, hub, agents, runner, lighthouse, hub.metrics.registry)
-        hub.metrics.registry.register(StateCollector(
-            hub, store, hub.metrics, project=lambda: goodput.project(services, [1024, 16384])))
+        services = build_services(settings)
         app.state.services = services
         yield
-        await runner.cancel()
-        await agents.aclose()
-        await lighthouse.aclose()
-        store.close()
+        await services.drills.cancel()
+        await services.agents.aclose()
+        await services.lighthouse.aclose()
+        services.store.close()
 
     app = FastAPI(
         title="ftctl control plane",
@@ -48,6 +63,7 @@ def create_app(settings: ControlPlaneSettings) -> FastAPI:
         version="0.1.0",
         lifespan=lifespan,
     )
+    errors.install(app)
 
     @app.exception_handler(RequestValidationError)
     async def one_line_422(request: Request, err: RequestValidationError) -> JSONResponse:
@@ -72,6 +88,5 @@ def create_app(settings: ControlPlaneSettings) -> FastAPI:
     app.include_router(events.ingest_router, dependencies=auth)
     app.include_router(drills.router)
     app.include_router(drills.mutating, dependencies=auth)
-    app.include_router(goodput.router)
+    app.include_router(goodput_router.router)
     return app
-

@@ -2,12 +2,13 @@
 
 Goodput here is measured, not modelled: committed replica-batches per second during the
 chaos window against the failure-free rate measured just before it in the same run, once no
-warm spare is still building (a build takes CPU from the training beside it). The time
-lost is split per kill into detection (kill → a survivor's quorum changed), restart (rejoin
-→ the group's ranks are up), heal (ranks up → first committed step after the heal),
-rollback (survivor steps that did not commit, at the median step time) and the wait before
-the rejoin: the drill's delay, or less when the agents restart killed groups themselves
-(``ftctl up --auto-rejoin-delay``; with a warm spare that is a fail-over within a step or two).
+warm spare is still building (a build takes CPU from the training beside it). Each kill is a
+:class:`~service.controlplane.timeline.FaultTimeline`; the time lost is split per kill into
+detection (kill → a survivor's quorum changed), restart (rejoin → the group's ranks are up),
+heal (ranks up → its first committed step), rollback (survivor steps that did not commit, at
+the median step time) and the wait before the rejoin: the drill's delay, or less when the
+agents restart killed groups themselves (``ftctl up --auto-rejoin-delay``; with a warm spare
+that is a fail-over within a step or two).
 """
 
 from __future__ import annotations
@@ -16,96 +17,59 @@ import asyncio
 import random
 import statistics
 import time
-from typing import Callable
 
-from fastapi import HTTPException
-from pydantic import BaseModel, Field
+from protocol.events import Event, StepEvent, speaks_for_group
+from service.controlplane.bus import StoredEvent
+from service.controlplane.drill_context import DrillContext
+from service.controlplane.errors import DrillFailed
+from service.controlplane.models import ChaosKill, ChaosReport
+from service.controlplane.timeline import FaultTimeline, Milestone
 
-from service.controlplane import group_control
-from service.controlplane.agents import AgentClient
-from service.controlplane.hub import Hub
-
-
-class ChaosKill(BaseModel):
-    group: int
-    killed_at: float
-    rejoined_at: float | None = None
-    detected_at: float | None = None
-    started_at: float | None = None
-    healed_commit_at: float | None = None
-    survivor_steps_lost: int = 0
-    detect_s: float | None = None
-    restart_s: float | None = None
-    heal_s: float | None = None
+TICK_S = 0.1
+"""How often the chaos loop looks whether a kill or a rejoin is due."""
+CATCH_UP_S = 2.0
+"""Before the baseline: time for the event stream to reach the current batch count."""
+SPARES_POLL_S = 1.0
 
 
-class ChaosReport(BaseModel):
-    mtbf_s: float
-    duration_s: float
-    seed: int
-    rejoin_delay_s: float
-    baseline_s: float
-    phase: str = "starting"
-    baseline_rate: float | None = Field(None, description="replica-batches committed per second, failure-free")
-    chaos_rate: float | None = Field(None, description="replica-batches committed per second under chaos")
-    goodput: float | None = Field(None, description="chaos_rate / baseline_rate")
-    median_step_s: float | None = None
-    baseline_step_s: float | None = Field(None, description="median step time, failure-free")
-    chaos_step_s: float | None = Field(
-        None, description="median step time under chaos: above baseline_step_s when restarts and spare rebuilds "
-        "share the CPU (or network) with training, a loss none of lost_s's terms holds")
-    kills: list[ChaosKill] = []
-    lost_s: dict[str, float] = Field(default_factory=dict, description="time lost per term, summed over kills")
+def chaos_kill(t: FaultTimeline) -> ChaosKill:
+    return ChaosKill(group=t.group, killed_at=t.fault_at, rejoined_at=t.rejoined_at, detected_at=t.detected_at,
+                     started_at=t.up_at, healed_commit_at=t.healed_commit_at,
+                     survivor_steps_lost=t.survivor_steps_lost, detect_s=t.detect_s, restart_s=t.restart_s,
+                     heal_s=t.heal_s)
 
 
 class ChaosRun:
     """Runs one chaos drill against the live job; the runner persists ``report`` as it goes."""
 
-    def __init__(self, hub: Hub, agents: AgentClient, report: ChaosReport, save: Callable[[], None],
-                 spares_timeout_s: float = 300.0):
-        self.hub = hub
-        self.agents = agents
-        self.spares_timeout_s = spares_timeout_s
+    def __init__(self, ctx: DrillContext, report: ChaosReport):
+        self.ctx = ctx
+        self.control = ctx.control
         self.r = report
-        self.save = save
         self.batches = 0  # highest batches_committed any rank 0 reported
         self.step_times: dict[str, list[float]] = {}  # by phase: baseline, chaos, settling
-        self.open: dict[int, ChaosKill] = {}
+        self.timelines: list[FaultTimeline] = []
+        self.open: dict[int, FaultTimeline] = {}
 
-    def _observe(self, e: dict) -> None:
-        if e["type"] == "process" and e["action"] == "started":
-            kill = self.open.get(e["group"])
-            if kill is not None and kill.rejoined_at is None and e["ts"] >= kill.killed_at:
-                kill.rejoined_at = e["ts"]  # its agent restarted it by itself (--auto-rejoin-delay)
-        if e.get("rank") != 0:
-            return
-        if e["type"] == "step" and e["committed"]:
-            self.batches = max(self.batches, e["batches_committed"])
-            self.step_times.setdefault(self.r.phase, []).append(e["step_s"])
-        for kill in self.open.values():
-            if e["group"] != kill.group:
-                if e["type"] == "torchft" and e["logger"] == "torchft_quorums" and kill.detected_at is None \
-                        and e["ts"] >= kill.killed_at:
-                    kill.detected_at = e["ts"]
-                elif e["type"] == "commit_failed" and e["ts"] >= kill.killed_at:
-                    kill.survivor_steps_lost += 1
-            elif e["ts"] >= kill.killed_at:  # its new processes: their events may overtake the agent's
-                if e["type"] == "start" and kill.started_at is None:
-                    kill.started_at = e["ts"]
-                elif e["type"] == "step" and e["committed"] and kill.started_at is not None:
-                    kill.healed_commit_at = e["ts"]
-        for g in [g for g, k in self.open.items() if k.healed_commit_at is not None and k.rejoined_at is not None]:
-            done = self.open.pop(g)
-            done.detect_s = (done.detected_at or done.killed_at) - done.killed_at
-            done.restart_s = done.started_at - done.rejoined_at
-            done.heal_s = done.healed_commit_at - done.started_at
+    def save(self) -> None:
+        self.r.kills = [chaos_kill(t) for t in self.timelines]
+        self.ctx.save()
 
-    async def _consume(self, queue: asyncio.Queue) -> None:
+    def _observe(self, e: Event) -> None:
+        if isinstance(e, StepEvent) and speaks_for_group(e) and e.committed:
+            self.batches = max(self.batches, e.batches_committed)
+            self.step_times.setdefault(self.r.phase, []).append(e.step_s)
+        for t in self.open.values():
+            t.observe(e)
+        for g in [g for g, t in self.open.items() if t.reached(Milestone.HEALED) and t.reached(Milestone.REJOINED)]:
+            del self.open[g]
+
+    async def _consume(self, queue: asyncio.Queue[StoredEvent]) -> None:
         while True:
-            self._observe(await queue.get())
+            self._observe((await queue.get()).event)
 
     async def run(self) -> None:
-        queue = self.hub.subscribe()
+        queue = self.ctx.bus.subscribe()
         consumer = asyncio.create_task(self._consume(queue))
         try:
             await self._baseline()
@@ -113,7 +77,7 @@ class ChaosRun:
             await self._settle()
         finally:
             consumer.cancel()
-            self.hub.unsubscribe(queue)
+            self.ctx.bus.unsubscribe(queue)
 
     async def _rate_over(self, seconds: float) -> float:
         start_batches, start = self.batches, time.time()
@@ -125,20 +89,31 @@ class ChaosRun:
         rate is measured once none is."""
         self.r.phase = "spares"
         self.save()
-        deadline = time.time() + self.spares_timeout_s
-        while building := [g for g in sorted(self.hub.views) if (await self.agents.status(g))["spare"] == "starting"]:
+        timeout_s = self.ctx.settings.spares_timeout_s
+        deadline = time.time() + timeout_s
+        while building := [g for g in sorted(self.control.board.views)
+                           if (await self.ctx.agents.status(g)).spare == "starting"]:
             if time.time() > deadline:
-                raise HTTPException(409, f"the warm spare of group {building[0]} is not ready after "
-                                         f"{self.spares_timeout_s:.0f}s; see that agent's log")
-            await asyncio.sleep(1.0)
+                raise DrillFailed(f"the warm spare of group {building[0]} is not ready after "
+                                  f"{timeout_s:.0f}s; see that agent's log")
+            await asyncio.sleep(SPARES_POLL_S)
 
     async def _baseline(self) -> None:
         await self._wait_for_spares()
         self.r.phase = "baseline"
         self.save()
-        await asyncio.sleep(2.0)  # let the consumer catch up with the current batch count
+        await asyncio.sleep(CATCH_UP_S)
         self.r.baseline_rate = await self._rate_over(self.r.baseline_s)
         self.save()
+
+    async def _kill(self, victim: int) -> FaultTimeline:
+        # begun before the command: the survivors' reaction can arrive while it runs
+        t = FaultTimeline.begin(victim, time.time(), self.control.board.views, self.ctx.settings.ranks_per_group)
+        self.open[victim] = t
+        self.timelines.append(t)
+        await self.control.kill(victim, at=t.fault_at, drill_id=self.ctx.drill_id)
+        self.save()
+        return t
 
     async def _chaos(self) -> None:
         self.r.phase = "chaos"
@@ -146,54 +121,55 @@ class ChaosRun:
         start_batches, start = self.batches, time.time()
         end = start + self.r.duration_s
         next_kill = start + rng.expovariate(1.0 / self.r.mtbf_s)
-        rejoins: list[tuple[float, ChaosKill]] = []
+        rejoins: list[tuple[float, FaultTimeline]] = []
         while (now := time.time()) < end:
-            for when, kill in [x for x in rejoins if x[0] <= now]:
-                rejoins.remove((when, kill))
-                await self._rejoin(kill)
+            for due in [x for x in rejoins if x[0] <= now]:
+                rejoins.remove(due)
+                await self._rejoin(due[1])
             if now >= next_kill:
-                alive = [g for g, v in self.hub.views.items() if v.state == "training" and g not in self.open]
+                views = self.control.board.views
+                alive = [g for g, v in views.items() if v.state == "training" and g not in self.open]
                 if len(alive) >= 2:  # never kill the last training group: that is a restart, not chaos
-                    victim = rng.choice(alive)
-                    # registered before the command: the survivors' reaction can arrive while it runs
-                    kill = ChaosKill(group=victim, killed_at=time.time())
-                    self.open[victim] = kill
-                    await group_control.kill(self.agents, self.hub, victim, kill.killed_at)
-                    self.r.kills.append(kill)
-                    rejoins.append((kill.killed_at + self.r.rejoin_delay_s, kill))
-                    self.save()
+                    t = await self._kill(rng.choice(alive))
+                    rejoins.append((t.fault_at + self.r.rejoin_delay_s, t))
                 next_kill = now + rng.expovariate(1.0 / self.r.mtbf_s)
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(TICK_S)
         self.r.chaos_rate = (self.batches - start_batches) / (time.time() - start)
         self.r.goodput = self.r.chaos_rate / self.r.baseline_rate if self.r.baseline_rate else None
-        for _, kill in rejoins:  # groups still down at the end come back too
-            await self._rejoin(kill)
+        for _, t in rejoins:  # groups still down at the end come back too
+            await self._rejoin(t)
 
-    async def _rejoin(self, kill: ChaosKill) -> None:
-        """Rejoin a killed group, unless its agent has restarted it already."""
-        if kill.rejoined_at is None:
-            sent = await group_control.rejoin_unless_restarted(self.agents, self.hub, kill.group)
-            if sent is not None:  # else its agent restarted it at this moment, and its process event tells when
-                kill.rejoined_at = sent
+    async def _rejoin(self, t: FaultTimeline) -> None:
+        """Rejoin a killed group, unless its agent has restarted it already (its process event
+        then tells when)."""
+        if not t.reached(Milestone.REJOINED):
+            rejoin = await self.control.bring_back(t.group, self.ctx.drill_id)
+            if not rejoin.restarted_by_agent:
+                t.rejoined(rejoin.at, "drill")
 
-    async def _settle(self, timeout_s: float = 120.0) -> None:
+    async def _settle(self) -> None:
         """Wait for the last heals, then add up the time lost per term."""
         self.r.phase = "settling"
         self.save()
-        deadline = time.time() + timeout_s
+        deadline = time.time() + self.ctx.settings.settle_timeout_s
         while self.open and time.time() < deadline:
-            await asyncio.sleep(0.5)
-        every = [t for times in self.step_times.values() for t in times]
+            await asyncio.sleep(TICK_S)
+        every = [s for times in self.step_times.values() for s in times]
         step_s = statistics.median(every) if every else 0.0
         self.r.median_step_s = step_s
         self.r.baseline_step_s, self.r.chaos_step_s = (
             statistics.median(self.step_times[phase]) if self.step_times.get(phase) else None
             for phase in ("baseline", "chaos"))
-        measured = [k for k in self.r.kills if k.heal_s is not None]
+        healed = [t for t in self.timelines if t.heal_s is not None]
+
+        def total(values) -> float:
+            return sum(v for v in values if v is not None)
+
         self.r.lost_s = {
-            "detect": sum(k.detect_s for k in measured),
-            "restart": sum(k.restart_s for k in measured),
-            "heal": sum(k.heal_s for k in measured),
-            "rollback": sum(k.survivor_steps_lost for k in self.r.kills) * step_s,
-            "waiting_to_rejoin": sum(k.rejoined_at - k.killed_at for k in measured),
+            "detect": total(t.detect_s for t in healed),
+            "restart": total(t.restart_s for t in healed),
+            "heal": total(t.heal_s for t in healed),
+            "rollback": sum(t.survivor_steps_lost for t in self.timelines) * step_s,
+            "waiting_to_rejoin": total(t.rejoined_at - t.fault_at for t in healed),
         }
+        self.save()

@@ -13,6 +13,8 @@ import time
 from pathlib import Path
 from typing import Any, Iterable
 
+from protocol.events import EVENT_ADAPTER, Event
+
 MIGRATIONS: list[str] = [
     """
     CREATE TABLE events (
@@ -88,7 +90,7 @@ class Store:
             return self._conn.execute(sql, tuple(args)).fetchall()
 
     # --- events
-    def add_events(self, events: list[dict]) -> list[int]:
+    def add_events(self, events: list[Event]) -> list[int]:
         now = time.time()
         ids = []
         with self._lock:
@@ -96,7 +98,8 @@ class Store:
             for e in events:
                 cur = self._conn.execute(
                     "INSERT INTO events (ts, received, grp, rank, type, step, body) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    (e["ts"], now, e["group"], e.get("rank"), e["type"], e.get("step"), json.dumps(e)),
+                    (e.ts, now, e.group, getattr(e, "rank", None), e.type, getattr(e, "step", None),
+                     e.model_dump_json()),
                 )
                 ids.append(cur.lastrowid)
             self._conn.execute("COMMIT")
@@ -117,15 +120,15 @@ class Store:
                           [*args, limit])
         return [{"id": r["id"], **json.loads(r["body"])} for r in rows]
 
-    def latest_event(self, group: int, type_: str, rank: int | None = 0, where_json: str | None = None) -> dict | None:
-        sql = "SELECT id, body FROM events WHERE grp = ? AND type = ?"
+    def latest_event(self, group: int, type_: str, rank: int | None = 0, where_json: str | None = None) -> Event | None:
+        sql = "SELECT body FROM events WHERE grp = ? AND type = ?"
         args: list[Any] = [group, type_]
         if rank is not None:
             sql += " AND rank = ?"; args.append(rank)
         if where_json:
             sql += f" AND {where_json}"
         rows = self._rows(sql + " ORDER BY id DESC LIMIT 1", args)
-        return {"id": rows[0]["id"], **json.loads(rows[0]["body"])} if rows else None
+        return EVENT_ADAPTER.validate_json(rows[0]["body"]) if rows else None
 
     def count_events(self, group: int, type_: str, where_json: str = "1") -> int:
         return self._rows(f"SELECT COUNT(*) FROM events WHERE grp = ? AND type = ? AND {where_json}",
@@ -171,8 +174,20 @@ class Store:
         rows = self._rows("SELECT * FROM drills WHERE id = ?", [drill_id])
         return _drill_row(rows[0]) if rows else None
 
-    def drills(self, limit: int = 100) -> list[dict]:
-        return [_drill_row(r) for r in self._rows("SELECT * FROM drills ORDER BY id DESC LIMIT ?", [limit])]
+    def drills(self, limit: int = 100, kind: str | None = None, status: str | None = None) -> list[dict]:
+        """The newest drills first, of one kind and status if given."""
+        where, args = ["1"], []
+        if kind is not None:
+            where.append("kind = ?"); args.append(kind)
+        if status is not None:
+            where.append("status = ?"); args.append(status)
+        return [_drill_row(r) for r in self._rows(
+            f"SELECT * FROM drills WHERE {' AND '.join(where)} ORDER BY id DESC LIMIT ?", [*args, limit])]
+
+    def drill_counts(self) -> dict[tuple[str, str], int]:
+        """How many drills there are of each (kind, status)."""
+        return {(r["kind"], r["status"]): r["n"]
+                for r in self._rows("SELECT kind, status, COUNT(*) AS n FROM drills GROUP BY kind, status")}
 
     def fail_running_drills(self, error: str) -> int:
         with self._lock:

@@ -1,18 +1,22 @@
-"""What the routers share, held on ``app.state.services`` and handed out with Depends."""
+"""What the routers share, held on ``app.state.services`` and handed out with ``Annotated`` dependencies."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Annotated
 
-import httpx
-from fastapi import HTTPException, Request
+from fastapi import Depends, Request
 from prometheus_client import CollectorRegistry
 
 from service.controlplane.agents import AgentClient
+from service.controlplane.bus import EventBus
 from service.controlplane.db import Store
 from service.controlplane.drills import DrillRunner
-from service.controlplane.groups import GroupView
-from service.controlplane.hub import Hub
+from service.controlplane.errors import UnknownGroup
+from service.controlplane.group_control import GroupControl
+from service.controlplane.groups import GroupBoard, GroupView
+from service.controlplane.ingest import Ingestor
+from service.controlplane.lighthouse import LighthouseClient
 from service.controlplane.models import GroupOut, HealOut, TransitionOut
 from service.controlplane.settings import ControlPlaneSettings
 
@@ -21,33 +25,48 @@ from service.controlplane.settings import ControlPlaneSettings
 class Services:
     settings: ControlPlaneSettings
     store: Store
-    hub: Hub
+    board: GroupBoard
+    bus: EventBus
+    ingest: Ingestor
     agents: AgentClient
+    control: GroupControl
     drills: DrillRunner
-    lighthouse: httpx.AsyncClient
+    lighthouse: LighthouseClient
     metrics_registry: CollectorRegistry
 
 
-def services(request: Request) -> Services:
+def _services(request: Request) -> Services:
     return request.app.state.services
 
 
-def group_view(group: int, request: Request) -> GroupView:
-    """The group from the path, or a 404 that lists the groups there are."""
-    views = services(request).hub.views
+ServicesDep = Annotated[Services, Depends(_services)]
+
+
+def find_group(s: Services, group: int) -> GroupView:
+    """The group's view, or an UnknownGroup (404) that lists the groups there are."""
+    views = s.board.views
     if group not in views:
-        raise HTTPException(404, f"no replica group {group}; this job has groups 0..{len(views) - 1}")
+        raise UnknownGroup(f"no replica group {group}; this job has groups 0..{len(views) - 1}")
     return views[group]
+
+
+def _group_from_path(group: int, s: ServicesDep) -> GroupView:
+    return find_group(s, group)
+
+
+GroupDep = Annotated[GroupView, Depends(_group_from_path)]
 
 
 def group_out(view: GroupView, with_transitions: bool = False) -> GroupOut:
     t = view.transition
+    heal = view.last_heal
     return GroupOut(
-        group=view.group, state=view.state, down_reason=t.reason if t and t.state == "down" else None,
+        group=view.group, state=view.state, down_reason=view.down_reason,
         since=t.ts if t else None, step=view.step, loss=view.loss, participants=view.participants,
         quorum_id=view.quorum_id, step_s=view.step_s, last_event_ts=view.last_event_ts,
-        last_heal=HealOut(**view.last_heal) if view.last_heal else None, pid=view.pid,
-        restarts=max(0, view.starts - 1),
+        last_heal=HealOut(ts=heal.ts, step=heal.step, source_group=heal.source_group, bytes=heal.bytes,
+                          fetch_s=heal.fetch_s, load_s=heal.load_s) if heal else None,
+        pid=view.pid, restarts=max(0, view.starts - 1),
         transitions=[TransitionOut(state=h.state, reason=h.reason, ts=h.ts) for h in view.history]
         if with_transitions else None,
     )

@@ -1,39 +1,86 @@
-"""Kill and rejoin a group through its agent, and show the result in the hub at once.
+"""Kill and rejoin a group through its agent, and show the result on the board at once.
 
-The REST endpoints and the drills all go through here. ``sent`` is taken before the command:
-a kill lands while the request is still running, and what it causes is timed from then.
+The REST endpoints and the drills all come through here, and so do the preconditions: a down
+group cannot be killed, only a down group can rejoin, and while a drill runs it holds the
+groups, so only that drill commands them. ``at`` is taken before the command: a kill lands while
+the request is still running, and what it causes is timed from then.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
-from fastapi import HTTPException
-
+from protocol.agent import CommandResult
 from service.controlplane.agents import AgentClient
-from service.controlplane.hub import Hub
+from service.controlplane.errors import DrillConflict, GroupStateConflict
+from service.controlplane.groups import GroupBoard
 
 
-async def kill(agents: AgentClient, hub: Hub, group: int, sent: float) -> dict:
-    agent = await agents.command(group, "kill")
-    hub.force(group, "down", "killed", since=sent)
-    return agent
+@dataclass(frozen=True)
+class Rejoin:
+    at: float
+    agent: CommandResult
+
+    @property
+    def restarted_by_agent(self) -> bool:
+        """The group was running already: its agent had restarted it by itself (``--auto-rejoin-delay``)."""
+        return self.agent.already_running
 
 
-async def rejoin(agents: AgentClient, hub: Hub, group: int, sent: float) -> dict:
-    agent = await agents.command(group, "rejoin")
-    hub.force(group, "starting", None, since=sent)
-    return agent
+class GroupControl:
+    def __init__(self, agents: AgentClient, board: GroupBoard):
+        self.agents = agents
+        self.board = board
+        self.holder: int | None = None
 
+    def hold(self, drill_id: int) -> None:
+        """While drill ``drill_id`` runs, only it may command the groups."""
+        self.holder = drill_id
 
-async def rejoin_unless_restarted(agents: AgentClient, hub: Hub, group: int) -> float | None:
-    """Rejoin a killed group and return when; None when its agent has restarted it by itself
-    (``ftctl up --auto-rejoin-delay``: the agent answers 409, and its process event says when)."""
-    sent = time.time()
-    try:
-        await rejoin(agents, hub, group, sent)
-    except HTTPException as err:
-        if err.status_code != 409:
-            raise
-        return None
-    return sent
+    def release(self, drill_id: int) -> None:
+        if self.holder == drill_id:
+            self.holder = None
+
+    def _check_holder(self, drill_id: int | None) -> None:
+        if self.holder is not None and drill_id != self.holder:
+            raise DrillConflict(f"drill {self.holder} is running; it controls the groups until it ends")
+
+    def require_up(self, group: int) -> None:
+        view = self.board.views[group]
+        if view.state == "down":
+            raise GroupStateConflict(f"group {group} is already down ({view.down_reason}); "
+                                     "rejoin it before drilling or killing it")
+
+    async def kill(self, group: int, at: float | None = None, drill_id: int | None = None) -> CommandResult:
+        """SIGKILL the group's processes; it shows down (killed) from ``at`` (default: now)."""
+        at = time.time() if at is None else at
+        self.require_up(group)
+        self._check_holder(drill_id)
+        agent = await self.agents.command(group, "kill")
+        self.board.force(group, "down", "killed", since=at)
+        return agent
+
+    async def rejoin(self, group: int) -> CommandResult:
+        """Start a down group again (the REST call): it joins the quorum and heals from a peer."""
+        view = self.board.views[group]
+        if view.state != "down":
+            raise GroupStateConflict(f"group {group} is {view.state}, not down; only a down group can rejoin")
+        self._check_holder(None)
+        rejoin = await self._send_rejoin(group)
+        if rejoin.restarted_by_agent:
+            raise GroupStateConflict(f"group {group} is running again already: its agent restarted it")
+        return rejoin.agent
+
+    async def bring_back(self, group: int, drill_id: int) -> Rejoin:
+        """A drill's rejoin of the group it killed, unless its agent has restarted it already."""
+        self._check_holder(drill_id)
+        return await self._send_rejoin(group)
+
+    async def _send_rejoin(self, group: int) -> Rejoin:
+        """When the agent restarted the group already nothing is forced: the group's own events
+        tell its state."""
+        rejoin = Rejoin(time.time(), await self.agents.command(group, "rejoin"))
+        if not rejoin.restarted_by_agent:
+            self.board.force(group, "starting", None, since=rejoin.at)
+        return rejoin

@@ -1,49 +1,57 @@
-"""Each replica group's state machine, driven by the events its agent and ranks send.
+"""Where a group's state is decided: the state machine, and the board of every group's view.
 
     starting ──start──▶ joining ──heal──▶ healing ──committed step──▶ training
         ▲                   └──────────committed step──────────────────▲
         └── process started ── down (killed | crashed | stopped | finished) ◀── process exit
 
-Trainer events are read from files and can arrive after the agent's report that the group
-died; an event older than the current state's entry time never moves the state.
+:func:`next_state` is the whole decision, a pure function of the current transition and one
+event. Trainer events are read from files and can arrive after the agent's report that the
+group died; an event older than the current state's entry time never moves the state.
 """
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, get_args
+
+from protocol.events import Event, HealEvent, ProcessEvent, StartEvent, StepEvent, speaks_for_group
+from service.controlplane.db import Store
 
 State = Literal["starting", "joining", "healing", "training", "down"]
-DownReason = Literal["killed", "crashed", "stopped", "finished"]
-STATES: tuple[str, ...] = ("starting", "joining", "healing", "training", "down")
+STATES: tuple[str, ...] = get_args(State)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Transition:
     state: State
     reason: str | None
     ts: float
 
 
-def next_state(current: Transition | None, event: dict) -> Transition | None:
+def next_state(current: Transition | None, event: Event) -> Transition | None:
     """The transition ``event`` causes from ``current``, or None."""
-    ts = event["ts"]
-    if current is not None and ts < current.ts:
+    if current is not None and event.ts < current.ts:
         return None
-    kind = event["type"]
-    target: tuple[State, str | None] | None = None
-    if kind == "process":
-        target = ("starting", None) if event["action"] == "started" else ("down", event["action"])
-    elif event.get("rank") == 0 and (current is None or current.state != "down"):
-        if kind == "start":
+    down = current is not None and current.state == "down"
+    match event:
+        case ProcessEvent(action="started"):
+            target: tuple[State, str | None] = ("starting", None)
+        case ProcessEvent(action=reason):
+            target = ("down", reason)
+        case _ if down or not speaks_for_group(event):
+            return None
+        case StartEvent():
             target = ("joining", None)
-        elif kind == "heal":
+        case HealEvent():
             target = ("healing", None)
-        elif kind == "step" and event["committed"] and event["participating"]:
+        case StepEvent(committed=True, participating=True):
             target = ("training", None)
-    if target is None or (current is not None and (current.state, current.reason) == target):
+        case _:
+            return None
+    if current is not None and (current.state, current.reason) == target:
         return None
-    return Transition(target[0], target[1], ts)
+    return Transition(target[0], target[1], event.ts)
 
 
 @dataclass
@@ -58,7 +66,7 @@ class GroupView:
     quorum_id: int | None = None
     step_s: float | None = None
     last_event_ts: float | None = None
-    last_heal: dict | None = None
+    last_heal: HealEvent | None = None
     pid: int | None = None
     starts: int = 0
     history: list[Transition] = field(default_factory=list)
@@ -67,29 +75,73 @@ class GroupView:
     def state(self) -> str:
         return self.transition.state if self.transition else "unknown"
 
-    def observe(self, event: dict) -> Transition | None:
-        """Fold one event in; returns the transition it caused, if any."""
-        self.note(event)
-        transition = next_state(self.transition, event)
-        if transition is not None:
-            self.apply(transition)
-        return transition
+    @property
+    def down_reason(self) -> str | None:
+        return self.transition.reason if self.state == "down" else None
 
-    def note(self, event: dict) -> None:
+    def note(self, event: Event) -> None:
         """Update the latest-known figures (step, loss, heal, pid) without touching the state."""
-        self.last_event_ts = max(self.last_event_ts or 0.0, event["ts"])
-        kind = event["type"]
-        if kind == "step" and event.get("rank") == 0:
-            self.participants = event["participants"]
-            self.quorum_id = event["quorum_id"]
-            if event["committed"]:
-                self.step, self.loss, self.step_s = event["step"], event["loss"], event["step_s"]
-        elif kind == "heal" and event.get("rank") == 0:
-            self.last_heal = {k: event[k] for k in ("ts", "step", "source_group", "bytes", "fetch_s", "load_s")}
-        elif kind == "process" and event["action"] == "started":
-            self.pid = event.get("pid")
-            self.starts += 1
+        self.last_event_ts = max(self.last_event_ts or 0.0, event.ts)
+        match event:
+            case StepEvent() if speaks_for_group(event):
+                self.participants, self.quorum_id = event.participants, event.quorum_id
+                if event.committed:
+                    self.step, self.loss, self.step_s = event.step, event.loss, event.step_s
+            case HealEvent() if speaks_for_group(event):
+                self.last_heal = event
+            case ProcessEvent(action="started"):
+                self.pid = event.pid
+                self.starts += 1
 
     def apply(self, transition: Transition) -> None:
         self.transition = transition
         self.history.append(transition)
+
+
+class GroupBoard:
+    """Every group's view, kept in step with the store: each transition is written as it happens."""
+
+    def __init__(self, store: Store, groups: int):
+        self.store = store
+        self.views = {g: GroupView(g) for g in range(groups)}
+        self._restore()
+
+    def _restore(self) -> None:
+        """Rebuild the views from SQLite after a restart."""
+        for g, view in self.views.items():
+            for t in self.store.transitions(g):
+                view.apply(Transition(t["state"], t["reason"], t["ts"]))
+            for type_, rank, where in (("process", None, None), ("heal", 0, None),
+                                       ("step", 0, "json_extract(body, '$.committed') = 1")):
+                latest = self.store.latest_event(g, type_, rank=rank, where_json=where)
+                if latest is not None:
+                    view.note(latest)
+            view.starts = self.store.count_events(g, "process", "json_extract(body, '$.action') = 'started'")
+
+    def observe(self, event: Event) -> Transition | None:
+        """Fold one event into its group's view; returns (and stores) the transition it caused."""
+        view = self.views[event.group]
+        view.note(event)
+        transition = next_state(view.transition, event)
+        if transition is not None:
+            self._apply(event.group, transition)
+        return transition
+
+    def median_step_s(self) -> float | None:
+        """The groups' latest step times, median: what one step costs the job now."""
+        steps = [v.step_s for v in self.views.values() if v.step_s]
+        return statistics.median(steps) if steps else None
+
+    def force(self, group: int, state: State, reason: str | None, since: float) -> Transition:
+        """A transition the control plane itself decided (it just killed or rejoined the group).
+
+        ``since`` is when the command was sent, not when the agent answered: the group's own
+        events (a promoted spare's start, say) can precede the answer and must not look stale.
+        """
+        transition = Transition(state, reason, since)
+        self._apply(group, transition)
+        return transition
+
+    def _apply(self, group: int, transition: Transition) -> None:
+        self.views[group].apply(transition)
+        self.store.add_transition(group, transition.state, transition.reason, transition.ts)

@@ -1,25 +1,47 @@
 """Prometheus metrics of the control plane: what the events say about the job.
 
-Counters and histograms move as events arrive; gauges are read from the group views and the
+Counters and histograms move as events arrive; gauges are read from the group board and the
 store when Prometheus scrapes. One prefix (``ftctl_``), base units, ``_total`` counters, and
-labels of low cardinality: the stable group id, never torchft's per-start replica uuid.
+labels of low cardinality: the stable group id, never torchft's per-start replica uuid. Every
+label value known in advance (each group, each exit reason, each drill kind and outcome) is
+there from the start at 0, so ``increase()`` sees the first kill instead of a new series.
 """
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily
-from prometheus_client.registry import Collector
+from typing import Callable, get_args
 
-from service.controlplane.groups import STATES
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from protocol.events import (
+    CheckpointEvent,
+    Event,
+    ExitKind,
+    FingerprintEvent,
+    HealEvent,
+    ProcessEvent,
+    QuorumEvent,
+    StepEvent,
+    speaks_for_group,
+)
+from service.controlplane.db import Store
+from service.controlplane.errors import DomainError
+from service.controlplane.fingerprints import FingerprintBook
+from service.controlplane.goodput import GoodputOut
+from service.controlplane.groups import STATES, GroupBoard
 
 STEP_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10)
 CODES = ("unknown", *STATES)  # dashboards/quorum.py maps these numbers back to names
 HEAL_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120)
+DRILL_KINDS = ("kill-heal", "chaos")
+DRILL_OUTCOMES = ("done", "failed")
+FINGERPRINT_STEPS = 20
+"""Steps of fingerprints kept to compare: groups report the same step within seconds."""
 
 
 class JobMetrics:
-    def __init__(self) -> None:
+    def __init__(self, groups: int) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.compute = Histogram("ftctl_step_compute_seconds", "rank 0's compute time per step", ["group"],
@@ -45,58 +67,61 @@ class JobMetrics:
                                             buckets=HEAL_BUCKETS, registry=r)
         self.events = Counter("ftctl_events_received_total", "events accepted from agents", registry=r)
         self.rejected = Counter("ftctl_events_rejected_total", "events refused as invalid", registry=r)
+        for g in map(str, range(groups)):
+            for per_group in (self.compute, self.allreduce, self.commits, self.commit_failures, self.heals,
+                              self.heal_seconds, self.heal_bytes, self.starts, self.quorum_changes):
+                per_group.labels(g)
+            for reason in get_args(ExitKind):
+                self.exits.labels(g, reason)
         self.last_checkpoint_ts = 0.0
-        self.fingerprints: dict[int, dict[tuple[int, int], str]] = {}
+        self.fingerprints = FingerprintBook(keep_steps=FINGERPRINT_STEPS)
         self.fingerprint_mismatch = 0.0
 
-    def observe(self, e: dict) -> None:
-        g = str(e["group"])
-        kind = e["type"]
+    def observe(self, e: Event) -> None:
+        g = str(e.group)
         self.events.inc()
-        if kind == "process":
-            (self.starts.labels(g).inc() if e["action"] == "started" else self.exits.labels(g, e["action"]).inc())
-        elif kind == "fingerprint":
-            self._fingerprint(e)
-        elif e.get("rank") != 0:
-            return
-        elif kind == "step":
-            self.compute.labels(g).observe(e["compute_s"])
-            self.allreduce.labels(g).observe(e["allreduce_s"])
-            (self.commits if e["committed"] else self.commit_failures).labels(g).inc()
-        elif kind == "heal":
-            self.heals.labels(g).inc()
-            self.heal_seconds.labels(g).observe(e["fetch_s"] + e["load_s"])
-            self.heal_bytes.labels(g).inc(e["bytes"])
-        elif kind == "quorum":
-            self.quorum_changes.labels(g).inc()
-        elif kind == "checkpoint" and e["action"] == "saved":
-            self.checkpoint_seconds.observe(e["seconds"])
-            self.last_checkpoint_ts = max(self.last_checkpoint_ts, e["ts"])
+        match e:
+            case ProcessEvent(action="started"):
+                self.starts.labels(g).inc()
+            case ProcessEvent(action=reason):
+                self.exits.labels(g, reason).inc()
+            case FingerprintEvent():
+                self._fingerprint(e)
+            case _ if not speaks_for_group(e):
+                pass
+            case StepEvent():
+                self.compute.labels(g).observe(e.compute_s)
+                self.allreduce.labels(g).observe(e.allreduce_s)
+                (self.commits if e.committed else self.commit_failures).labels(g).inc()
+            case HealEvent():
+                self.heals.labels(g).inc()
+                self.heal_seconds.labels(g).observe(e.fetch_s + e.load_s)
+                self.heal_bytes.labels(g).inc(e.bytes)
+            case QuorumEvent():
+                self.quorum_changes.labels(g).inc()
+            case CheckpointEvent(action="saved"):
+                self.checkpoint_seconds.observe(e.seconds)
+                self.last_checkpoint_ts = max(self.last_checkpoint_ts, e.ts)
 
-    def _fingerprint(self, e: dict) -> None:
+    def _fingerprint(self, e: FingerprintEvent) -> None:
         """At each step every reporting (group, rank) is compared with the other groups' same rank."""
-        at = self.fingerprints.setdefault(e["step"], {})
-        at[(e["group"], e["rank"])] = e["digest"]
-        by_rank: dict[int, set[str]] = {}
-        for (_, rank), digest in at.items():
-            by_rank.setdefault(rank, set()).add(digest)
-        if len({g for g, _ in at}) > 1:
-            self.fingerprint_mismatch = float(any(len(d) > 1 for d in by_rank.values()))
-        for old in sorted(self.fingerprints)[:-20]:
-            del self.fingerprints[old]
+        self.fingerprints.add(e)
+        if len(self.fingerprints.groups_at(e.step)) > 1:
+            self.fingerprint_mismatch = float(not self.fingerprints.equal_at(e.step))
 
 
-class StateCollector(Collector):
-    """Gauges read at scrape time from the hub's group views and the store."""
+class StateCollector:
+    """Gauges read at scrape time from the board and the store."""
 
-    def __init__(self, hub, store, metrics: JobMetrics, project=None):
-        self.hub = hub
+    def __init__(self, board: GroupBoard, store: Store, metrics: JobMetrics, project: Callable[[], GoodputOut]):
+        """``project()`` raises a DomainError when there is nothing to project yet."""
+        self.board = board
         self.store = store
         self.metrics = metrics
-        self.project = project  # () -> GoodputOut, raising ValueError when there is nothing to project
+        self.project = project
 
     def collect(self):
-        views = self.hub.views.values()
+        views = self.board.views.values()
         state = GaugeMetricFamily("ftctl_group_state", "1 for the state the group is in", labels=["group", "state"])
         code = GaugeMetricFamily("ftctl_group_state_code",
                                  "the group's state as a number: " + ", ".join(f"{i} {n}" for i, n in enumerate(CODES)),
@@ -107,9 +132,10 @@ class StateCollector(Collector):
         loss = GaugeMetricFamily("ftctl_group_loss", "last committed loss", labels=["group"])
         parts = GaugeMetricFamily("ftctl_group_participants", "groups in the quorum this group trains in",
                                   labels=["group"])
+        quorum = GaugeMetricFamily("ftctl_group_quorum_id", "the quorum this group trains in (its rank 0's last "
+                                   "step; the Lighthouse's own is ftctl_lighthouse_quorum_id)", labels=["group"])
         steps = [v.step for v in views if v.step is not None]
         top = max(steps) if steps else 0
-        quorum = max((v.quorum_id for v in views if v.quorum_id is not None), default=-1)
         for v in views:
             g = str(v.group)
             for s in STATES:
@@ -123,30 +149,32 @@ class StateCollector(Collector):
                 loss.add_metric([g], v.loss)
             if v.participants is not None:
                 parts.add_metric([g], v.participants)
-        yield from (state, code, up, step, lag, loss, parts)
-        yield GaugeMetricFamily("ftctl_quorum_id", "highest quorum id a group reported", value=quorum)
+            if v.quorum_id is not None:
+                quorum.add_metric([g], v.quorum_id)
+        yield from (state, code, up, step, lag, loss, parts, quorum)
         yield GaugeMetricFamily("ftctl_fingerprint_mismatch",
                                 "1 when groups reported different state fingerprints at the same step",
                                 value=self.metrics.fingerprint_mismatch)
         yield GaugeMetricFamily("ftctl_checkpoint_last_save_timestamp_seconds", "when the newest checkpoint was saved",
                                 value=self.metrics.last_checkpoint_ts)
-        dropped = GaugeMetricFamily("ftctl_events_dropped", "events an agent dropped while the control plane was away",
-                                    labels=["group"])
-        for g, stats in self.store.ingest_stats().items():
-            dropped.add_metric([str(g)], stats["agent_dropped"])
+        dropped = CounterMetricFamily("ftctl_events_dropped", "events an agent dropped while the control plane "
+                                      "was away (as the agent counts them)", labels=["group"])
+        stats = self.store.ingest_stats()
+        for g in self.board.views:
+            dropped.add_metric([str(g)], stats.get(g, {}).get("agent_dropped", 0))
         yield dropped
         yield from self._drills()
 
     def _drills(self):
-        drills = self.store.drills(200)
-        count = GaugeMetricFamily("ftctl_drills", "drills by kind and status", labels=["kind", "status"])
-        totals: dict[tuple[str, str], int] = {}
-        for d in drills:
-            totals[(d["kind"], d["status"])] = totals.get((d["kind"], d["status"]), 0) + 1
-        for (kind, status), n in totals.items():
-            count.add_metric([kind, status], n)
-        yield count
-        heal = next((d["report"] for d in drills if d["kind"] == "kill-heal" and d["status"] == "done"), None)
+        counts = self.store.drill_counts()
+        finished = CounterMetricFamily("ftctl_drills", "drills finished, by kind and outcome", labels=["kind", "status"])
+        for kind in DRILL_KINDS:
+            for outcome in DRILL_OUTCOMES:
+                finished.add_metric([kind, outcome], counts.get((kind, outcome), 0))
+        yield finished
+        yield GaugeMetricFamily("ftctl_drills_running", "1 while a drill runs",
+                                value=sum(n for (_, status), n in counts.items() if status == "running"))
+        heal = next(iter(self.store.drills(1, kind="kill-heal", status="done")), {}).get("report")
         result = GaugeMetricFamily("ftctl_drill_seconds", "the last kill-heal drill's measured times", labels=["phase"])
         if heal:
             for phase, key in (("detect", "detect_s"), ("survivors_resume", "survivors_resume_s"),
@@ -154,18 +182,17 @@ class StateCollector(Collector):
                 result.add_metric([phase], heal[key])
         yield result
         yield GaugeMetricFamily("ftctl_drill_fingerprints_equal", "1 if the last kill-heal drill found equal state",
-                                value=float(bool(heal and heal.get("fingerprints_equal"))) if heal else float("nan"))
-        chaos = next((d["report"] for d in drills if d["kind"] == "chaos" and d["status"] == "done"), None)
+                                value=float(bool(heal.get("fingerprints_equal"))) if heal else float("nan"))
+        chaos = next(iter(self.store.drills(1, kind="chaos", status="done")), {}).get("report")
         yield GaugeMetricFamily("ftctl_goodput_ratio", "the last chaos drill's goodput (committed rate vs failure-free)",
                                 value=chaos["goodput"] if chaos and chaos.get("goodput") is not None else float("nan"))
         projected = GaugeMetricFamily("ftctl_goodput_projected_ratio",
                                       "the ledger's goodput at scale with the measured recovery (GET /api/v1/goodput)",
                                       labels=["gpus", "path"])
-        if self.project is not None:
-            try:
-                for p in self.project().projections:
-                    projected.add_metric([str(p.gpus), "torchft" if p.path.startswith("this service") else "classic"],
-                                         p.goodput)
-            except ValueError:  # no drill measured yet, or the model says no progress at that scale
-                pass
+        try:
+            for p in self.project().projections:
+                projected.add_metric([str(p.gpus), "torchft" if p.path.startswith("this service") else "classic"],
+                                     p.goodput)
+        except DomainError:  # no drill measured yet, or the model says no progress at that scale
+            pass
         yield projected

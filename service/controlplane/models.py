@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from lighthouse.status import LighthouseStatus
-from service.controlplane.chaos import ChaosReport
+from protocol.agent import CommandResult
+from protocol.events import ExitKind
+from protocol.lighthouse import Heartbeat, LighthouseStatus
 
 
 class TransitionOut(BaseModel):
@@ -28,7 +29,7 @@ class HealOut(BaseModel):
 class GroupOut(BaseModel):
     group: int
     state: Literal["unknown", "starting", "joining", "healing", "training", "down"]
-    down_reason: str | None = Field(None, description="killed, crashed, stopped or finished, when down")
+    down_reason: ExitKind | None = Field(None, description="killed, crashed, stopped or finished, when down")
     since: float | None = Field(None, description="when the group entered its state")
     step: int | None = Field(None, description="last committed step its rank 0 reported")
     loss: float | None = None
@@ -62,7 +63,7 @@ class QuorumOut(BaseModel):
     next_quorum_status: str | None = None
     heartbeating: int | None = None
     members: list[QuorumMemberOut] = []
-    heartbeats: list[dict[str, Any]] = []
+    heartbeats: list[Heartbeat] = []
     groups: list[GroupOut] = Field(description="every group, members of the quorum or not")
     raw: LighthouseStatus | None = None
 
@@ -82,22 +83,11 @@ class EventPage(BaseModel):
     next_after_id: int | None = Field(description="pass as after_id for the next page; null at the end")
 
 
-class IngestIn(BaseModel):
-    group: int = Field(ge=0)
-    events: list[dict[str, Any]] = Field(max_length=10_000)
-    dropped: int = Field(0, ge=0, description="events the agent dropped while the control plane was away")
-
-
-class IngestOut(BaseModel):
-    accepted: int
-    rejected: int
-
-
 class CommandOut(BaseModel):
     group: int
     action: Literal["kill", "rejoin"]
     group_state: GroupOut
-    agent: dict[str, Any]
+    agent: CommandResult
 
 
 class KillHealIn(BaseModel):
@@ -126,6 +116,38 @@ class ChaosIn(BaseModel):
 DrillIn = Annotated[Union[KillHealIn, ChaosIn], Field(discriminator="kind")]
 
 
+class ChaosKill(BaseModel):
+    group: int
+    killed_at: float
+    rejoined_at: float | None = None
+    detected_at: float | None = None
+    started_at: float | None = Field(None, description="the group's ranks were up again (its start event)")
+    healed_commit_at: float | None = None
+    survivor_steps_lost: int = 0
+    detect_s: float | None = None
+    restart_s: float | None = None
+    heal_s: float | None = None
+
+
+class ChaosReport(BaseModel):
+    mtbf_s: float
+    duration_s: float
+    seed: int
+    rejoin_delay_s: float
+    baseline_s: float
+    phase: str = "starting"
+    baseline_rate: float | None = Field(None, description="replica-batches committed per second, failure-free")
+    chaos_rate: float | None = Field(None, description="replica-batches committed per second under chaos")
+    goodput: float | None = Field(None, description="chaos_rate / baseline_rate")
+    median_step_s: float | None = None
+    baseline_step_s: float | None = Field(None, description="median step time, failure-free")
+    chaos_step_s: float | None = Field(
+        None, description="median step time under chaos: above baseline_step_s when restarts and spare rebuilds "
+        "share the CPU (or network) with training, a loss none of lost_s's terms holds")
+    kills: list[ChaosKill] = []
+    lost_s: dict[str, float] = Field(default_factory=dict, description="time lost per term, summed over kills")
+
+
 class KillHealReport(BaseModel):
     """What a kill-heal drill measured. Times are Unix seconds; *_s are durations."""
 
@@ -140,7 +162,7 @@ class KillHealReport(BaseModel):
     rejoined_at: float | None = None
     rejoined_by: Literal["drill", "agent"] | None = Field(
         None, description="agent: the group's agent restarted it by itself (--auto-rejoin-delay) before the drill asked")
-    heal_started_at: float | None = None
+    heal_started_at: float | None = Field(None, description="the group's heal event: state fetched and loaded")
     healed_commit_at: float | None = Field(None, description="the rejoined group's first committed step after its heal")
     healed_step: int | None = None
     heal_bytes: int | None = None

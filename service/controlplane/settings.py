@@ -1,3 +1,5 @@
+"""Settings of the control plane: flags, or environment variables ``FT_CP_*``."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -5,22 +7,35 @@ from pathlib import Path
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from protocol import defaults
+
 
 class ControlPlaneSettings(BaseSettings):
-    """Settings of the control plane: flags, or environment variables ``FT_CP_*``."""
-
     model_config = SettingsConfigDict(env_prefix="FT_CP_", cli_kebab_case=True,
                                       cli_prog_name="python -m service.controlplane", extra="ignore")
 
-    host: str = Field("127.0.0.1", description="bind address (loopback unless told otherwise)")
-    port: int = Field(8000, ge=0, le=65535)
+    host: str = Field(defaults.LOOPBACK, description="bind address (loopback unless told otherwise)")
+    port: int = Field(defaults.CONTROL_PLANE_PORT, ge=0, le=65535)
     token: str = Field(validation_alias=AliasChoices("token", "FTCTL_TOKEN"),
                        description="bearer token every mutating request must carry")
     db: Path = Field(Path("ftstate/control.db"), description="SQLite file: events, group history, drills")
     groups: int = Field(2, ge=1, description="replica groups in the job")
-    nproc_per_group: int = Field(2, ge=1, description="ranks per group (fingerprints are compared per rank)")
+    ranks_per_group: int = Field(defaults.RANKS_PER_GROUP, ge=1,
+                                 description="ranks per group (fingerprints are compared per rank)")
     agents: dict[int, str] = Field(default_factory=dict, description='agent URL per group, JSON: {"0": "http://127.0.0.1:8100"}')
-    lighthouse_api: str = Field("http://127.0.0.1:29511", description="the Lighthouse wrapper's JSON API")
+    lighthouse_api: str = Field(f"http://{defaults.LOOPBACK}:{defaults.LIGHTHOUSE_API_PORT}",
+                                description="the Lighthouse wrapper's JSON API")
     classic_recovery_json: Path | None = Field(
         None, description="bench/recovery's JSON: the classic path's measured times for GET /api/v1/goodput")
     drill_timeout_s: float = Field(180.0, gt=0, description="a drill phase that takes longer fails the drill")
+    spares_timeout_s: float = Field(300.0, gt=0, description="chaos: a warm spare not ready after this fails the "
+                                    "drill before its baseline")
+    settle_timeout_s: float = Field(120.0, gt=0, description="chaos: after the window, wait this long at most for "
+                                    "the last killed groups to heal")
+    agent_timeout_s: float = Field(30.0, gt=0, description="an agent that takes longer to answer a command is "
+                                   "unreachable (a graceful stop can take its stop timeout)")
+    lighthouse_timeout_s: float = Field(3.0, gt=0, description="the Lighthouse wrapper answering slower than this "
+                                        "is unreachable")
+    listener_capacity: int = Field(10_000, ge=100, description="events queued for one slow listener (an SSE "
+                                   "client, a drill) before it misses some; ingestion never waits")
+    stream_keepalive_s: float = Field(10.0, gt=0, description="an idle event stream sends a comment this often")

@@ -1,11 +1,10 @@
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, HTTPException, Request, Response
+from fastapi import APIRouter, Response
 
-from service.controlplane.deps import Services, group_view, services
-from service.controlplane.drills import DrillConflict
-from service.controlplane.chaos import ChaosReport
-from service.controlplane.models import DrillIn, DrillList, DrillOut, KillHealIn
+from service.controlplane.deps import ServicesDep, find_group
+from service.controlplane.errors import UnknownDrill
+from service.controlplane.models import ChaosReport, DrillIn, DrillList, DrillOut, KillHealIn
 
 router = APIRouter(prefix="/api/v1/drills", tags=["drills"])
 mutating = APIRouter(prefix="/api/v1/drills", tags=["drills"])
@@ -17,28 +16,25 @@ def drill_out(row: dict) -> DrillOut:
 
 
 @mutating.post("", response_model=DrillOut, status_code=202, responses={404: {}, 409: {}, 422: {}})
-async def start_drill(body: DrillIn, request: Request, response: Response, s: Services = Depends(services)) -> DrillOut:
+async def start_drill(body: DrillIn, response: Response, s: ServicesDep) -> DrillOut:
     """Start a drill; it runs in the background. Poll ``GET /api/v1/drills/{id}``."""
-    try:
-        if isinstance(body, KillHealIn):
-            group_view(body.group, request)
-            drill_id = s.drills.start_kill_heal(body.group, body.timeout_s)
-        else:
-            drill_id = s.drills.start_chaos(ChaosReport(**body.model_dump(exclude={"kind"})))
-    except DrillConflict as err:
-        raise HTTPException(409, str(err)) from None
+    if isinstance(body, KillHealIn):
+        find_group(s, body.group)
+        drill_id = s.drills.start_kill_heal(body.group, body.timeout_s)
+    else:
+        drill_id = s.drills.start_chaos(ChaosReport(**body.model_dump(exclude={"kind"})))
     response.headers["Location"] = f"/api/v1/drills/{drill_id}"
     return drill_out(s.store.drill(drill_id))
 
 
 @router.get("", response_model=DrillList)
-def list_drills(s: Services = Depends(services)) -> DrillList:
+def list_drills(s: ServicesDep) -> DrillList:
     return DrillList(drills=[drill_out(d) for d in s.store.drills()])
 
 
 @router.get("/{drill_id}", response_model=DrillOut, responses={404: {}})
-def get_drill(drill_id: int, s: Services = Depends(services)) -> DrillOut:
+def get_drill(drill_id: int, s: ServicesDep) -> DrillOut:
     row = s.store.drill(drill_id)
     if row is None:
-        raise HTTPException(404, f"no drill {drill_id}")
+        raise UnknownDrill(f"no drill {drill_id}")
     return drill_out(row)

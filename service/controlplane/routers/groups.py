@@ -1,12 +1,9 @@
 from __future__ import annotations
 
-import time
+from fastapi import APIRouter
 
-from fastapi import APIRouter, Depends, HTTPException
-
-from service.controlplane import group_control
-from service.controlplane.deps import Services, group_out, group_view, services
-from service.controlplane.groups import GroupView
+from protocol.agent import AgentStatus
+from service.controlplane.deps import GroupDep, ServicesDep, group_out
 from service.controlplane.models import CommandOut, GroupOut
 
 router = APIRouter(prefix="/api/v1/groups", tags=["groups"])
@@ -14,40 +11,32 @@ mutating = APIRouter(prefix="/api/v1/groups", tags=["groups"])
 
 
 @router.get("", response_model=list[GroupOut])
-def list_groups(s: Services = Depends(services)) -> list[GroupOut]:
+def list_groups(s: ServicesDep) -> list[GroupOut]:
     """Every replica group's state, step, loss and last heal."""
-    return [group_out(v) for v in s.hub.views.values()]
+    return [group_out(v) for v in s.board.views.values()]
 
 
-@router.get("/{group}", response_model=GroupOut)
-def get_group(view: GroupView = Depends(group_view)) -> GroupOut:
+@router.get("/{group}", response_model=GroupOut, responses={404: {}})
+def get_group(view: GroupDep) -> GroupOut:
     """One group, with the time of every state transition."""
     return group_out(view, with_transitions=True)
 
 
-@router.get("/{group}/agent", responses={404: {}, 502: {}})
-async def get_agent(view: GroupView = Depends(group_view), s: Services = Depends(services)) -> dict:
+@router.get("/{group}/agent", response_model=AgentStatus, responses={404: {}, 502: {}, 503: {}})
+async def get_agent(view: GroupDep, s: ServicesDep) -> AgentStatus:
     """The group's agent as it sees itself: pids, starts, warm spare, events buffered and dropped."""
     return await s.agents.status(view.group)
 
 
-@mutating.post("/{group}/kill", response_model=CommandOut, responses={404: {}, 409: {}, 502: {}})
-async def kill_group(view: GroupView = Depends(group_view), s: Services = Depends(services)) -> CommandOut:
+@mutating.post("/{group}/kill", response_model=CommandOut, responses={404: {}, 409: {}, 502: {}, 503: {}})
+async def kill_group(view: GroupDep, s: ServicesDep) -> CommandOut:
     """SIGKILL the group's whole process tree, as if its node died. The others train on."""
-    if view.state == "down":
-        raise HTTPException(409, f"group {view.group} is already down ({view.transition.reason}); rejoin it first")
-    if s.drills.running:
-        raise HTTPException(409, f"drill {s.drills.current_id} is running; it controls the groups until it ends")
-    agent = await group_control.kill(s.agents, s.hub, view.group, time.time())
+    agent = await s.control.kill(view.group)
     return CommandOut(group=view.group, action="kill", group_state=group_out(view), agent=agent)
 
 
-@mutating.post("/{group}/rejoin", response_model=CommandOut, responses={404: {}, 409: {}, 502: {}})
-async def rejoin_group(view: GroupView = Depends(group_view), s: Services = Depends(services)) -> CommandOut:
+@mutating.post("/{group}/rejoin", response_model=CommandOut, responses={404: {}, 409: {}, 502: {}, 503: {}})
+async def rejoin_group(view: GroupDep, s: ServicesDep) -> CommandOut:
     """Start a group that is down again; it joins the quorum and heals from a live peer."""
-    if view.state != "down":
-        raise HTTPException(409, f"group {view.group} is {view.state}, not down; only a down group can rejoin")
-    if s.drills.running:
-        raise HTTPException(409, f"drill {s.drills.current_id} is running; it controls the groups until it ends")
-    agent = await group_control.rejoin(s.agents, s.hub, view.group, time.time())
+    agent = await s.control.rejoin(view.group)
     return CommandOut(group=view.group, action="rejoin", group_state=group_out(view), agent=agent)

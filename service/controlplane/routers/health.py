@@ -1,10 +1,10 @@
 from __future__ import annotations
 
-import httpx
+from fastapi import APIRouter, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from fastapi import APIRouter, Depends, Response
 
-from service.controlplane.deps import Services, services
+from service.controlplane.deps import ServicesDep
+from service.controlplane.lighthouse import LighthouseUnreachable
 from service.controlplane.models import Health
 
 router = APIRouter(tags=["health"])
@@ -17,13 +17,13 @@ def healthz() -> Health:
 
 
 @router.get("/metrics", include_in_schema=False)
-def metrics(s: Services = Depends(services)) -> Response:
+def metrics(s: ServicesDep) -> Response:
     """Prometheus exposition of the job's metrics."""
     return Response(generate_latest(s.metrics_registry), media_type=CONTENT_TYPE_LATEST)
 
 
 @router.get("/readyz", response_model=Health, responses={503: {"model": Health}})
-async def readyz(response: Response, s: Services = Depends(services)) -> Health:
+async def readyz(response: Response, s: ServicesDep) -> Health:
     """Readiness: SQLite answers and the Lighthouse wrapper answers."""
     checks = {}
     try:
@@ -32,10 +32,10 @@ async def readyz(response: Response, s: Services = Depends(services)) -> Health:
     except Exception as err:  # any failure of the store means not ready
         checks["sqlite"] = str(err)
     try:
-        (await s.lighthouse.get("/healthz")).raise_for_status()
+        await s.lighthouse.check_health()
         checks["lighthouse"] = "ok"
-    except httpx.HTTPError as err:
-        checks["lighthouse"] = f"{s.settings.lighthouse_api}: {err}"
+    except LighthouseUnreachable as err:
+        checks["lighthouse"] = str(err)
     ok = all(v == "ok" for v in checks.values())
     if not ok:
         response.status_code = 503

@@ -1,27 +1,22 @@
 from __future__ import annotations
 
-import httpx
-from fastapi import APIRouter, Depends
-from pydantic import ValidationError
+from fastapi import APIRouter
 
-from lighthouse.status import LighthouseStatus
-from service.controlplane.deps import Services, group_out, services
+from service.controlplane.deps import ServicesDep, group_out
+from service.controlplane.lighthouse import LighthouseUnreachable
 from service.controlplane.models import QuorumMemberOut, QuorumOut
 
 router = APIRouter(prefix="/api/v1", tags=["quorum"])
 
 
 @router.get("/quorum", response_model=QuorumOut)
-async def quorum(s: Services = Depends(services)) -> QuorumOut:
+async def quorum(s: ServicesDep) -> QuorumOut:
     """The quorum as the Lighthouse sees it, joined with what each group last reported."""
-    groups = [group_out(v) for v in s.hub.views.values()]
+    groups = [group_out(v) for v in s.board.views.values()]
     try:
-        response = await s.lighthouse.get("/status")
-        response.raise_for_status()
-        status = LighthouseStatus.model_validate(response.json())
-    except (httpx.HTTPError, ValueError, ValidationError) as err:
-        return QuorumOut(lighthouse_reachable=False, lighthouse_error=f"{s.settings.lighthouse_api}: {err}",
-                         groups=groups)
+        status = await s.lighthouse.status()
+    except LighthouseUnreachable as err:
+        return QuorumOut(lighthouse_reachable=False, lighthouse_error=str(err), groups=groups)
     by_group = {g.group: g for g in groups}
     members = []
     for m in status.members:
@@ -33,5 +28,5 @@ async def quorum(s: Services = Depends(services)) -> QuorumOut:
     return QuorumOut(
         lighthouse_reachable=True, quorum_id=status.quorum_id, next_quorum_status=status.next_quorum.text,
         heartbeating=status.next_quorum.heartbeating, members=members,
-        heartbeats=[h.model_dump() for h in status.heartbeats], groups=groups, raw=status,
+        heartbeats=status.heartbeats, groups=groups, raw=status,
     )

@@ -1,0 +1,56 @@
+"""The agent's HTTP API (``python -m service.agent``), as the control plane calls it.
+
+``GET`` :data:`STATUS_PATH` answers :class:`AgentStatus`; ``POST /{action}`` for each
+:data:`AgentAction`, with the bearer token, answers :class:`CommandResult`, or 409 when the
+action does not fit the group's state (kill or stop of a group that is down, start of one that
+runs). ``rejoin`` is the exception: it asks for a running group, so when the group already runs
+(its agent restarted it by itself) it answers with ``already_running`` set.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from protocol.events import ExitKind
+
+STATUS_PATH = "/status"
+HEALTH_PATH = "/healthz"
+AgentAction = Literal["start", "rejoin", "kill", "stop"]
+SpareState = Literal["starting", "ready"]
+
+
+def command_path(action: AgentAction) -> str:
+    return f"/{action}"
+
+
+class LastExit(BaseModel):
+    kind: ExitKind
+    returncode: int | None
+    ts: float
+
+
+class AgentStatus(BaseModel):
+    group: int
+    state: Literal["running", "down"]
+    pid: int | None = Field(description="the group's torchrun, while it runs")
+    pids: list[int] = Field(description="torchrun and every rank")
+    starts: int
+    restarts: int
+    last_step: int | None = Field(description="the last committed step rank 0 wrote")
+    last_exit: LastExit | None
+    events_buffered: int
+    events_dropped: int = Field(description="events dropped so far: the buffer was full")
+    events_forwarded: int
+    control_plane_reachable: bool
+    spare: SpareState | None = Field(None, description="the warm spare, when the agent keeps one")
+
+
+class CommandResult(BaseModel):
+    group: int
+    action: AgentAction
+    pids: list[int] = Field([], description="the processes the action signalled or started")
+    already_running: bool = Field(
+        False, description="rejoin only: the group was running already (its agent had restarted it)")
+    status: AgentStatus

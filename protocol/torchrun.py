@@ -1,0 +1,45 @@
+"""How one replica group is started: the torchrun command line and environment of its ranks.
+
+Both ``python -m trainer`` (which execs it) and the agent (which supervises it) build the
+command here, so a group started by hand and one started by an agent are the same processes.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+
+from protocol.defaults import LOOPBACK
+
+
+def free_port(host: str = LOOPBACK) -> int:
+    """A port free right now on ``host`` (the OS picks it)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def torchrun_argv(ranks_per_group: int, trainer_args: list[str], master_addr: str | None = None,
+                  master_port: int = 0) -> list[str]:
+    """The torchrun command that runs one group's ranks with ``trainer_args``.
+
+    The group's TCPStore (torchrun's master) is also where other groups' managers connect
+    for the cross-group process group, so ``master_addr`` must be reachable from them.
+    """
+    return [
+        sys.executable, "-m", "torch.distributed.run",
+        "--nnodes=1",
+        f"--nproc-per-node={ranks_per_group}",
+        f"--master-addr={master_addr or LOOPBACK}",
+        f"--master-port={master_port or free_port()}",
+        "--max-restarts=0",
+        "-m", "trainer", *trainer_args,
+    ]
+
+
+def torchrun_env(base: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ if base is None else base)
+    env.setdefault("OMP_NUM_THREADS", "1")  # the group's ranks share the machine's cores
+    env.setdefault("RUST_LOG", "warn")  # torchft's Rust manager logs every quorum at INFO
+    return env

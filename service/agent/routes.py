@@ -1,0 +1,72 @@
+"""The agent's HTTP API (``protocol/agent.py``): status for anyone, commands with the token."""
+
+from __future__ import annotations
+
+from typing import Annotated, Callable
+
+from fastapi import APIRouter, Depends, Request, Response
+from fastapi.concurrency import run_in_threadpool
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from protocol.agent import HEALTH_PATH, STATUS_PATH, AgentAction, AgentStatus, CommandResult, command_path
+from service.agent.agent import Agent
+from service.agent.supervisor import StateConflict
+
+
+def _agent(request: Request) -> Agent:
+    return request.app.state.agent
+
+
+AgentDep = Annotated[Agent, Depends(_agent)]
+router = APIRouter()
+commands = APIRouter()
+
+
+@router.get(STATUS_PATH, response_model=AgentStatus)
+def get_status(agent: AgentDep) -> AgentStatus:
+    return agent.status()
+
+
+@router.get("/metrics", include_in_schema=False)
+def metrics(request: Request) -> Response:
+    return Response(generate_latest(request.app.state.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get(HEALTH_PATH)
+def healthz() -> dict:
+    return {"ok": True}
+
+
+async def _run(agent: Agent, action: AgentAction, fn: Callable[[], int | list[int] | None]) -> CommandResult:
+    result = await run_in_threadpool(fn)
+    pids = result if isinstance(result, list) else ([result] if isinstance(result, int) else [])
+    return CommandResult(group=agent.settings.group, action=action, pids=pids, status=agent.status())
+
+
+@commands.post(command_path("start"), response_model=CommandResult, responses={409: {}})
+async def start(agent: AgentDep) -> CommandResult:
+    """Start the group's torchrun (409 if it runs)."""
+    return await _run(agent, "start", agent.supervisor.start)
+
+
+@commands.post(command_path("rejoin"), response_model=CommandResult)
+async def rejoin(agent: AgentDep) -> CommandResult:
+    """Start a group that is down again; it heals from a live peer. A group that runs already
+    (its agent restarted it by itself) stays as it is: ``already_running``."""
+    try:
+        return await _run(agent, "rejoin", agent.supervisor.start)
+    except StateConflict:
+        return CommandResult(group=agent.settings.group, action="rejoin", pids=agent.supervisor.pids(),
+                             already_running=True, status=agent.status())
+
+
+@commands.post(command_path("kill"), response_model=CommandResult, responses={409: {}})
+async def kill(agent: AgentDep) -> CommandResult:
+    """SIGKILL the group's whole process tree (409 if it is down)."""
+    return await _run(agent, "kill", agent.supervisor.kill)
+
+
+@commands.post(command_path("stop"), response_model=CommandResult, responses={409: {}})
+async def stop(agent: AgentDep) -> CommandResult:
+    """Stop the group gracefully (409 if it is down)."""
+    return await _run(agent, "stop", agent.supervisor.stop)

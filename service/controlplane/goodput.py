@@ -1,0 +1,124 @@
+"""Goodput at scale: the ledger (``service/ledger.py``) fed with this cluster's measured recovery.
+
+This service: T_d measured, T_r = reconfiguration (survivors do not restart), T_l = the
+rejoin's capacity loss (one group of N/gpus_per_group missing while it heals), rollback = the
+survivor steps lost × step time. The classic path: a whole-job restart and a reload, rollback
+τ/2, from bench/recovery's measurement when configured, else the seed's scenario C. Used by
+``GET /api/v1/goodput`` and by the metrics (``ftctl_goodput_projected_ratio``).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+from service.controlplane.db import Store
+from service.controlplane.errors import InvalidQuery, NothingMeasured
+from service.ledger import Cluster, NoProgress, Recovery, goodput
+
+# The seed's scenario C (async checkpoints, heartbeat detection, in-process restart, local
+# load): the classic path at its best, used when no measured classic baseline is configured.
+SEED_CLASSIC = {"detect_s": 60.0, "restart_s": 30.0, "load_s": 60.0}
+MEASURED_DRILLS = 1000
+"""The newest kill-heal drills whose medians feed the projection."""
+DEFAULT_GPUS = (1024, 16384)
+"""The seed's two scales: a large job today, and Llama 3's 16,384 GPUs."""
+
+
+class Assumptions(BaseModel):
+    gpu_mtbf_hours: float = Field(50_000.0, gt=0, description="per-GPU MTBF (Llama 3: ~50,700 h)")
+    gpus_per_group: int = Field(8, ge=1, description="GPUs one replica group loses when a GPU fails")
+    delta_s: float = Field(10.0, ge=0, description="exposed seconds of one checkpoint")
+
+
+class MeasuredRecovery(BaseModel):
+    drills: int
+    detect_s: float = Field(description="kill → a survivor's quorum changed (median)")
+    reconfigure_s: float = Field(description="detection → survivors commit again (median)")
+    rejoin_to_healed_commit_s: float
+    survivor_steps_lost: float
+    step_s: float | None
+
+
+class Projection(BaseModel):
+    path: str
+    gpus: int
+    mtbf_h: float
+    tau_s: float
+    goodput: float
+    dominant: str
+    loss_per_failure_s: float
+    terms: dict[str, float]
+    inputs: dict[str, float]
+
+
+class GoodputOut(BaseModel):
+    measured: MeasuredRecovery
+    classic_source: str
+    projections: list[Projection]
+    answer: list[str]
+
+
+def measured(store: Store, step_s: float | None) -> MeasuredRecovery:
+    reports = [d["report"] for d in store.drills(MEASURED_DRILLS, kind="kill-heal", status="done")]
+    if not reports:
+        raise NothingMeasured("no kill-heal drill has finished yet: run one (ftctl drill kill-heal --group G) "
+                              "so there are recovery times to project")
+    return MeasuredRecovery(
+        drills=len(reports),
+        detect_s=statistics.median(r["detect_s"] for r in reports),
+        reconfigure_s=statistics.median(r["survivors_resume_s"] - r["detect_s"] for r in reports),
+        rejoin_to_healed_commit_s=statistics.median(r["rejoin_to_healed_commit_s"] for r in reports),
+        survivor_steps_lost=statistics.median(r["survivors_steps_lost"] for r in reports),
+        step_s=step_s,
+    )
+
+
+def classic(path: Path | None) -> tuple[dict[str, float], str]:
+    if path is None or not path.is_file():
+        return SEED_CLASSIC, "assumed: the seed's scenario C (detect 60 s, restart 30 s, load 60 s)"
+    runs = json.loads(path.read_text())["classic"]
+    restart = statistics.median(r["kill_to_full_s"] for r in runs)
+    load = statistics.median(r["restart_split"]["checkpoint_s"] for r in runs)
+    return {"detect_s": 0.0, "restart_s": restart - load, "load_s": load}, f"measured by bench/recovery ({path.name})"
+
+
+def project(m: MeasuredRecovery, classic_times: tuple[dict[str, float], str], gpus: list[int],
+            a: Assumptions) -> GoodputOut:
+    """At each of ``gpus``, the goodput with the measured recovery and with the classic one.
+
+    Raises :class:`InvalidQuery` when either path makes no progress at a scale."""
+    times, source = classic_times
+    projections, answer = [], []
+    for n in gpus:
+        cluster = Cluster(n, a.gpu_mtbf_hours)
+        groups = max(1, n // a.gpus_per_group)
+        ours = Recovery(detect_s=m.detect_s, restart_s=m.reconfigure_s,
+                        load_s=m.rejoin_to_healed_commit_s / groups, delta_s=a.delta_s,
+                        rollback_s=m.survivor_steps_lost * (m.step_s or 0.0))
+        theirs = Recovery(detect_s=times["detect_s"], restart_s=times["restart_s"], load_s=times["load_s"],
+                          delta_s=a.delta_s)
+        for label, rec in (("this service (measured)", ours), ("classic restart", theirs)):
+            try:
+                g = goodput(cluster, rec)
+            except NoProgress as err:
+                raise InvalidQuery(f"{label} at {n} GPUs: {err}") from None
+            projections.append(Projection(path=label, gpus=n, mtbf_h=g.mtbf_s / 3600, tau_s=g.tau_s, goodput=g.goodput,
+                                          dominant=g.dominant, loss_per_failure_s=g.loss_per_failure_s, terms=g.terms,
+                                          inputs={"detect_s": rec.detect_s, "restart_s": rec.restart_s,
+                                                  "load_s": rec.load_s, "delta_s": a.delta_s,
+                                                  "rollback_s": rec.rollback_s if rec.rollback_s is not None else g.tau_s / 2}))
+        ours_g, classic_g = projections[-2], projections[-1]
+        answer.append(f"at {n} GPUs with our measured recovery, goodput would be {100 * ours_g.goodput:.1f}%, "
+                      f"dominant term {ours_g.dominant}; the classic path: {100 * classic_g.goodput:.1f}%, "
+                      f"dominant term {classic_g.dominant}")
+    return GoodputOut(measured=m, classic_source=source, projections=projections, answer=answer)
+
+
+def projection(store: Store, step_s: float | None, classic_path: Path | None, gpus: list[int],
+               assumptions: Assumptions) -> GoodputOut:
+    """The projection from what the store holds: the kill-heal drills and, if given, bench/recovery's JSON."""
+    return project(measured(store, step_s), classic(classic_path), gpus, assumptions)
