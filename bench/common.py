@@ -22,11 +22,15 @@ STOP_GRACE_S = 120.0
 """`ftctl up` stops agents (each its group), the control plane and the Lighthouse in turn."""
 
 
-def job_parser(doc: str | None) -> argparse.ArgumentParser:
-    """Every benchmark's parser: its docstring as help, and the job's shape."""
+def job_parser(doc: str | None, group_counts: bool = False) -> argparse.ArgumentParser:
+    """Every benchmark's parser: its docstring as help, and the job's shape (``group_counts``:
+    several group counts, one job each)."""
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--groups", type=int, default=2, help="replica groups")
-    parser.add_argument("--ranks-per-group", type=int, default=2, help="ranks per group")
+    if group_counts:
+        parser.add_argument("--groups", type=int, nargs="+", default=[2, 3, 4], help="group counts, a job each")
+    else:
+        parser.add_argument("--groups", type=int, default=2, help="replica groups")
+    parser.add_argument("--ranks-per-group", type=int, default=defaults.RANKS_PER_GROUP, help="ranks per group")
     return parser
 
 
@@ -39,9 +43,10 @@ def add_recovery_options(parser: argparse.ArgumentParser) -> None:
                         help="the Lighthouse's join timeout")
 
 
-def recovery_settings(args: argparse.Namespace) -> dict:
-    """``Up`` keyword arguments from the flags of ``add_recovery_options``."""
-    return {"spares": args.groups if args.spares else 0, "auto_rejoin_delay_s": 0.0 if args.failover else None,
+def recovery_settings(args: argparse.Namespace, groups: int | None = None) -> dict:
+    """``Up`` keyword arguments from the flags of ``add_recovery_options`` (for ``groups`` groups,
+    default ``args.groups``)."""
+    return {"spares": (groups or args.groups) if args.spares else 0, "auto_rejoin_delay_s": 0.0 if args.failover else None,
             "join_timeout_ms": args.join_timeout_ms}
 
 

@@ -8,12 +8,14 @@ whatever the current quorum says.
 
 from __future__ import annotations
 
+import os
 import socket
 import time
 from datetime import timedelta
 from typing import Any, Callable
 from urllib.parse import urlsplit
 
+import psutil
 import torch
 import torch.distributed as dist
 import torch.nn as nn
@@ -21,7 +23,7 @@ from torch.distributed.fsdp import FSDPModule
 from torchft import Manager, ProcessGroupGloo, ProcessGroupNCCL
 from torchft.checkpointing import CheckpointTransport, HTTPTransport
 from torchft.manager import REPLICA_ID_KEY, WorldSizeMode
-from torchft.process_group import ManagedProcessGroup
+from torchft.process_group import ManagedProcessGroup, ProcessGroup
 
 from protocol.replicas import replica_name
 from trainer.config import TrainerConfig
@@ -103,12 +105,98 @@ class TimedTransport(CheckpointTransport[Any]):
         self.inner.shutdown(wait)
 
 
+def _connected_tcp_sockets() -> dict[int, int]:
+    """This process's connected TCP sockets: file descriptor → inode."""
+    found = {}
+    for conn in psutil.Process().net_connections(kind="tcp"):
+        if conn.fd >= 0 and conn.raddr:
+            try:
+                found[conn.fd] = os.fstat(conn.fd).st_ino
+            except OSError:
+                pass
+    return found
+
+
+class AbortableProcessGroupGloo(ProcessGroupGloo):
+    """torchft's ProcessGroupGloo that can really end its connections, and leaves no
+    rendezvous keys behind.
+
+    torch 2.13's gloo backend does not close its connections on abort or shutdown, only when
+    the process group is destroyed, and an in-flight work keeps it alive: a peer blocked on a
+    receive from us waits out the whole collective timeout. So the TCP connections gloo opens
+    while the group is created are remembered (file descriptor and inode), and
+    :meth:`end_connections` shuts them down: the peers' pending operations, and our own, fail at
+    once with "connection closed". The group object stays (its operations keep failing) until
+    the next quorum reconfigures it, as after any error.
+
+    Each rank publishes its address under ``{quorum prefix}/0/{rank}`` in the quorum's store.
+    A restarted Lighthouse counts quorum ids from 1 again, so a later group could read a key
+    the old run left there and connect to a dead address; once every member has connected (a
+    barrier), each rank deletes its own key.
+    """
+
+    def __init__(self, timeout: timedelta):
+        super().__init__(timeout=timeout)
+        self._connections: dict[int, int] = {}
+
+    def _create_pg(self, store, rank: int, world_size: int):
+        before = _connected_tcp_sockets()
+        pg = super()._create_pg(store, rank, world_size)
+        self._connections = {fd: inode for fd, inode in _connected_tcp_sockets().items() if before.get(fd) != inode}
+        pg.barrier().wait()  # every member has read every address
+        store.delete_key(f"0/{rank}")
+        return pg
+
+    def end_connections(self) -> None:
+        connections, self._connections = self._connections, {}
+        for fd, inode in connections.items():
+            try:
+                if os.fstat(fd).st_ino != inode:  # closed by gloo, the number since reused
+                    continue
+                with socket.socket(fileno=os.dup(fd)) as sock:  # the duplicate shares the connection
+                    sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def abort(self, errored: bool = True) -> None:
+        self.end_connections()
+        super().abort(errored)
+
+
+class FailFastManager(Manager):
+    """torchft's Manager, whose first error of a step also aborts the cross-group process group.
+
+    torchft 0.2.0 keeps the process group open after an error until the next quorum
+    reconfigures it, and skips the step's remaining all-reduces. A peer that is still waiting to
+    receive from this group (its neighbour in a ring all-reduce, when the dead group was ours)
+    then sits out the whole collective timeout: with three groups, two kills in five left a
+    survivor in its all-reduce for 10 s. Aborting closes this group's connections at once
+    (``AbortableProcessGroupGloo``; NCCL's abort does it itself), so every peer's collective
+    fails within milliseconds and the error goes round the ring: the survivors fail the step in
+    flight together and meet at the next quorum.
+    """
+
+    def __init__(self, pg: ProcessGroup, **kwargs: Any):
+        super().__init__(pg=pg, **kwargs)
+        self.replicate_pg = pg
+
+    def report_error(self, e: Exception) -> None:
+        first = self.errored() is None
+        super().report_error(e)
+        if not first:
+            return
+        if isinstance(self.replicate_pg, AbortableProcessGroupGloo):
+            self.replicate_pg.end_connections()
+        else:
+            self.replicate_pg.abort()  # NCCL: abort ends the communicator (written, not run on a GPU)
+
+
 def build_manager(cfg: TrainerConfig, load_state_dict: Callable[[Any], None],
-                  state_dict: Callable[[], Any]) -> tuple[Manager, TimedTransport]:
+                  state_dict: Callable[[], Any]) -> tuple[FailFastManager, TimedTransport]:
     timeout = timedelta(seconds=cfg.timeout_s)
-    pg = ProcessGroupNCCL(timeout=timeout) if cfg.device == "cuda" else ProcessGroupGloo(timeout=timeout)
+    pg = ProcessGroupNCCL(timeout=timeout) if cfg.device == "cuda" else AbortableProcessGroupGloo(timeout=timeout)
     transport = TimedTransport(HTTPTransport(timeout=timeout, num_chunks=0), cfg.advertise_host)
-    manager = Manager(
+    manager = FailFastManager(
         pg=pg,
         load_state_dict=load_state_dict,
         state_dict=state_dict,
