@@ -1,10 +1,12 @@
-"""The detection matrix, measured: fault class × group count × victim, through the drills.
+"""The detection matrix, measured: fault class × group count × victim.
 
     python -m bench.faults --groups 2 3 4 --faults kill hang lighthouse --repeats 3 [--ranks-per-group 1]
 
 For each group count a fresh `ftctl up` (G groups × K ranks); for each fault class and each
-victim (group 0 and the last group; the Lighthouse has no victim) the drill runs R times. It
-prints, per cell, the survivors' resume after the fault, the steps they lost and the time to
+victim (group 0 and the last group; the Lighthouse has no victim) the fault runs R times:
+``kill`` and ``hang`` through the kill-heal and hang drills, ``lighthouse`` by SIGKILL of the
+torchft Lighthouse process (its wrapper restarts it), read back from the events. It prints, per
+cell, the survivors' resume after the fault, the steps they lost and the time to
 all groups training again (median and spread), and writes every report as JSON under
 bench/results/ with the settings, core count and date.
 """
@@ -18,15 +20,48 @@ import tempfile
 import time
 from pathlib import Path
 
+import psutil
+
 from bench.common import REPO, Up, add_recovery_options, describe_recovery, job_parser, recovery_settings, spread
 
 FAULTS = ("kill", "hang", "lighthouse")
 RESULTS = REPO / "bench" / "results"
 
 
+LIGHTHOUSE_WATCH_S = 20.0
+"""After a Lighthouse kill: how long the groups are watched for their first commits again."""
+
+
 def drill_body(fault: str, victim: int | None) -> dict:
-    return {"kill": {"kind": "kill-heal", "group": victim}, "hang": {"kind": "hang", "group": victim},
-            "lighthouse": {"kind": "lighthouse"}}[fault]
+    return {"kill": {"kind": "kill-heal", "group": victim}, "hang": {"kind": "hang", "group": victim}}[fault]
+
+
+def kill_lighthouse(up: Up, groups: int) -> dict:
+    """SIGKILL torchft's Lighthouse under its wrapper. Per group, the longest gap between two
+    commits after it (the pause) and the commit that ended it; steps lost; process restarts."""
+    [lighthouse] = [p for p in psutil.Process(up.proc.pid).children(recursive=True)
+                    if "torchft_lighthouse" in " ".join(p.cmdline())]
+    at = time.time()
+    lighthouse.kill()
+    time.sleep(LIGHTHOUSE_WATCH_S)
+    events = up.api.get("/api/v1/events", params={"since": at - 5, "type": ["step", "commit_failed", "process"],
+                                                   "limit": 1000}).json()["events"]
+    resumed, pauses, lost = [], [], []
+    for g in range(groups):
+        commits = sorted(e["ts"] for e in events if e["type"] == "step" and e["group"] == g and e["rank"] == 0
+                         and e["committed"])
+        gaps = [(b - a, b) for a, b in zip(commits, commits[1:]) if b > at]
+        if not gaps:
+            return {"status": "failed", "error": f"group {g} did not commit after the Lighthouse died", "report": {}}
+        pause, end = max(gaps)
+        pauses.append(pause)
+        resumed.append(end - at)
+        lost.append(len([e for e in events if e["type"] == "commit_failed" and e["group"] == g and e["rank"] == 0
+                         and e["ts"] >= at]))
+    return {"status": "done", "report": {
+        "survivors_resume_s": max(resumed), "kill_to_full_s": max(resumed), "pause_s": max(pauses),
+        "survivors_steps_lost": max(lost),
+        "process_events": [(e["group"], e["action"]) for e in events if e["type"] == "process"]}}
 
 
 def cells(groups: int, faults: list[str]) -> list[tuple[str, int | None]]:
@@ -48,7 +83,8 @@ def run_groups(args, groups: int) -> list[dict]:
                 if args.spares and victim is not None:
                     up.wait_spares_ready([victim])
                 up.wait_training()
-                drill = up.drill(drill_body(fault, victim), poll_s=0.3)
+                drill = (kill_lighthouse(up, groups) if fault == "lighthouse"
+                         else up.drill(drill_body(fault, victim), poll_s=0.3))
                 r = drill["report"]
                 rows.append({"groups": groups, "fault": fault, "victim": victim, "repeat": repeat,
                              "status": drill["status"], "error": drill.get("error"), "report": r})

@@ -12,8 +12,9 @@ from typing import Annotated, Literal, Union, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
-ExitKind = Literal["killed", "crashed", "stopped", "finished"]
-"""How a group's processes ended, as its agent saw it: the reason a group is down."""
+ExitKind = Literal["killed", "crashed", "hung", "stopped", "finished"]
+"""How a group's processes ended, as its agent saw it: the reason a group is down. ``hung``:
+its agent's watchdog ended it (the event's detail says why)."""
 
 
 class GroupEvent(BaseModel):

@@ -3,10 +3,11 @@ promoting its warm spare, and the drills measure that rather than issuing a rejo
 
 from __future__ import annotations
 
+import httpx
 import pytest
 
 from cluster import wait_for
-from up_job import all_training, ftctl, ftctl_up, json_out
+from up_job import AUTH, all_training, ftctl, ftctl_up, json_out
 
 REJOIN_DELAY_S = 120  # the chaos drill's own rejoin: far later than any agent restart
 
@@ -51,3 +52,26 @@ def test_chaos_drill_counts_the_agents_restarts_as_rejoins(job):
     assert c["report"]["lost_s"]["waiting_to_rejoin"] < REJOIN_DELAY_S * len(kills)
     assert 0 < c["goodput"] < 1.2
     assert c["report"]["baseline_step_s"] > 0 and c["report"]["chaos_step_s"] > 0
+
+
+def test_a_hung_group_is_ended_by_its_watchdog_and_the_survivor_goes_on(job):
+    """Every rank of group 1 SIGSTOPped: nothing errors, its heartbeat stops, the survivor waits in
+    its all-reduce. The watchdog ends the group within about a second; the survivor commits again
+    well before the 10 s collective timeout, and the agent fails over to the warm spare."""
+    wait_for(lambda: all_training(job.api), 240, "both groups training")
+    wait_for(lambda: spare(job, 1) == "ready", 240, "group 1's warm spare")
+    agent = job.connection()["agents"]["1"]
+    injected = httpx.post(f"{agent}/inject", json={"kind": "stop"}, headers=AUTH, timeout=30)
+    assert injected.status_code == 200, injected.text
+    at = injected.json()["at"]
+
+    def events(group: int, type_: str) -> list[dict]:
+        return job.api.get("/api/v1/events", params={"group": group, "type": type_, "since": at}).json()["events"]
+
+    hung = wait_for(lambda: [e for e in events(1, "process") if e["action"] == "hung"], 30, "the watchdog's verdict")
+    assert "silent" in hung[0]["detail"] and hung[0]["ts"] - at < 5
+    resumed = wait_for(lambda: [e for e in events(0, "step") if e["rank"] == 0 and e["committed"]
+                                and e["ts"] > hung[0]["ts"]], 30, "group 0 to commit again")
+    assert resumed[0]["ts"] - at < 8, "the survivor waited for the collective timeout"
+    wait_for(lambda: all_training(job.api), 240, "group 1 back after its fail-over")
+    assert [e["action"] for e in events(1, "process")][:2] == ["hung", "started"]

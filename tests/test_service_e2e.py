@@ -125,6 +125,8 @@ def test_kill_heal_drill_from_the_cli_reports_equal_state(live, kill_heal_drill)
     assert len({d for ranks in r["fingerprints"].values() for d in ranks.values()}) == 2  # one digest per rank
     status = json_out(ftctl(live.state, "status", "--json"))
     assert status["quorum_id"] >= 1
+    hung = live.api.get("/api/v1/events", params={"type": "process", "limit": 1000}).json()["events"]
+    assert not [e for e in hung if e["action"] == "hung"], "the watchdog took a checkpoint, heal or promotion for a hang"
     projected = live.api.get("/api/v1/goodput").json()  # the ledger projects the drill's recovery
     assert projected["measured"]["drills"] == 1 and len(projected["answer"]) == 2
 

@@ -85,7 +85,11 @@ class TrainerConfig(BaseSettings):
         "min-replicas groups train, the rest wait as spares",
     )
     timeout_s: float = Field(10.0, gt=0, description="collectives, should_commit and heal transfers")
-    quorum_timeout_s: float = Field(30.0, gt=0, description="waiting for a quorum")
+    quorum_timeout_s: float = Field(30.0, gt=0, description="waiting for a quorum; a Lighthouse away longer "
+                                    "ends the group")
+    quorum_retry_s: float = Field(0.1, gt=0, description="a Lighthouse that does not answer a quorum request is "
+                                  "asked again this often within --quorum-timeout-s (torchft's quorum_retries), so "
+                                  "a restarted one is found at once")
     connect_timeout_s: float = Field(10.0, gt=0, description="connecting to the Lighthouse and managers")
     heartbeat_interval_ms: int = Field(100, ge=10, description="manager heartbeats to the Lighthouse")
     init_sync: bool = Field(True, description="make every group copy group 0's weights at step 0")

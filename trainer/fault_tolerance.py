@@ -28,6 +28,7 @@ from torchft.process_group import ManagedProcessGroup, ProcessGroup
 from protocol.replicas import replica_name
 from trainer.config import TrainerConfig
 from trainer.errors import ConfigError
+from trainer.telemetry import ProgressBeacon
 
 LIGHTHOUSE_PROBE_TIMEOUT_S = 5.0
 """Before anything is built: a Lighthouse that does not accept a connection this fast is not there."""
@@ -204,6 +205,7 @@ def build_manager(cfg: TrainerConfig, load_state_dict: Callable[[Any], None],
         use_async_quorum=True,
         timeout=timeout,
         quorum_timeout=timedelta(seconds=cfg.quorum_timeout_s),
+        quorum_retries=max(0, round(cfg.quorum_timeout_s / cfg.quorum_retry_s) - 1),
         connect_timeout=timedelta(seconds=cfg.connect_timeout_s),
         world_size_mode=WorldSizeMode.DYNAMIC if cfg.world_size_mode == "dynamic" else WorldSizeMode.FIXED_WITH_SPARES,
         lighthouse_addr=cfg.lighthouse,
@@ -217,16 +219,20 @@ def build_manager(cfg: TrainerConfig, load_state_dict: Callable[[Any], None],
 
 
 class ReplicateAllReduce:
-    """FSDP all-reduce hook over the fault-tolerant replicate group; times the waiting."""
+    """FSDP all-reduce hook over the fault-tolerant replicate group; times the waiting, and
+    tells the beacon the rank is waiting on other groups (which is never this group's hang)."""
 
-    def __init__(self, manager: Manager):
+    def __init__(self, manager: Manager, beacon: ProgressBeacon):
         self.group = ManagedProcessGroup(manager)
         self.group.register("dp_replicate")
+        self.beacon = beacon
         self.seconds = 0.0
 
     def __call__(self, gradient: torch.Tensor) -> None:
         start = time.perf_counter()
+        self.beacon.enter("allreduce")
         dist.all_reduce(gradient, group=self.group, op=dist.ReduceOp.AVG)
+        self.beacon.enter("compute")
         self.seconds += time.perf_counter() - start
 
     def install(self, model: nn.Module) -> None:

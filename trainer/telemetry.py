@@ -1,4 +1,4 @@
-"""Per-rank event stream that never blocks or fails a training step.
+"""Per-rank telemetry that never blocks or fails a training step: events, and the progress beacon.
 
 ``emit`` puts the event on a bounded queue (about a microsecond); a daemon thread serialises
 and appends it to this rank's JSON-lines file. When the queue is full the event is dropped
@@ -9,12 +9,14 @@ goes on.
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 import time
 from pathlib import Path
 
-from protocol.events import TorchftLogEvent, BaseEvent, events_file_name
+from protocol.beacon import BEACON_INTERVAL_S, Beacon, Phase, beacon_file_name, write_beacon
+from protocol.events import BaseEvent, TorchftLogEvent, events_file_name
 
 _STOP = object()
 TORCHFT_LOGGERS = ("torchft_quorums", "torchft_commits", "torchft_errors")
@@ -104,3 +106,39 @@ class TorchftLogBridge(logging.Handler):
             logger = logging.getLogger(name)
             logger.setLevel(logging.INFO)
             logger.addHandler(self)
+
+
+class ProgressBeacon:
+    """This rank's phase for its agent's hang watchdog (``protocol/beacon.py``).
+
+    The training loop calls :meth:`enter` at each phase change (two attribute writes); a daemon
+    thread rewrites the beacon file every ``BEACON_INTERVAL_S``. A stopped process stops the
+    thread too, and a rank stuck inside its step keeps reporting the phase it is stuck in.
+    """
+
+    def __init__(self, events_dir: Path, group: int, rank: int):
+        self.path = events_dir / beacon_file_name(group, rank)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._state: tuple[Phase, float, int] = ("starting", time.time(), 0)  # replaced whole: no torn reads
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name="ft-beacon", daemon=True)
+        self._thread.start()
+
+    def enter(self, phase: Phase, step: int | None = None) -> None:
+        self._state = (phase, time.time(), self._state[2] if step is None else step)
+
+    def _beat(self) -> None:
+        pid = os.getpid()
+        while True:
+            phase, since, step = self._state
+            try:
+                write_beacon(self.path, Beacon(pid=pid, phase=phase, since=since, step=step, ts=time.time()))
+            except OSError:
+                pass  # a full or missing disk must not stop training; the watchdog then sees silence
+            if self._stop.wait(BEACON_INTERVAL_S):
+                return
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(BEACON_INTERVAL_S * 10)
+        self.path.unlink(missing_ok=True)

@@ -34,9 +34,10 @@ from protocol.spare import readiness_file
 from trainer.checkpoint import Checkpointer, Found
 from trainer.config import TrainerConfig
 from trainer.fault_tolerance import ManagerInternals, ReplicateAllReduce, build_manager, check_lighthouse_reachable
+from trainer.injection import InjectedFaults
 from trainer.setup import build_training, init_device
 from trainer.state import LiveState
-from trainer.telemetry import EventSink, TorchftLogBridge
+from trainer.telemetry import EventSink, ProgressBeacon, TorchftLogBridge
 
 log = logging.getLogger("trainer")
 SPARE_POLL_S = 0.01
@@ -139,11 +140,14 @@ class RankTrainer:
 
         spare_wait_s = self._wait_as_spare(stop) if cfg.spare_promote_file else 0.0
         t_promoted = time.time()
+        # from here on this process is the group's: a waiting spare must not cover the live group's beacon
+        self.beacon = ProgressBeacon(cfg.events_dir, cfg.group, self.rank)
+        self.injected = InjectedFaults(cfg.events_dir, cfg.group, self.rank)
 
         self.manager, self.transport = build_manager(cfg, self.live.load_state_dict, self.live.state_dict)
         self.manager.load_state_dict(self.manager_state)
         self.internals = ManagerInternals(self.manager)
-        self.replicate = ReplicateAllReduce(self.manager)
+        self.replicate = ReplicateAllReduce(self.manager, self.beacon)
         self.replicate.install(self.model)
         self.ft_optimizer = torchft.Optimizer(self.manager, self.optimizer)
         self.quorum_id = -1  # the quorum the last reported step trained in
@@ -212,14 +216,18 @@ class RankTrainer:
         FSDP hooks), and the optimizer step only if every rank of every group succeeded."""
         manager = self.manager
         start = time.perf_counter()
+        before = manager.current_step()
+        self.beacon.enter("compute", before)
         self.replicate.seconds = 0.0
         self.ft_optimizer.zero_grad()
-        before = manager.current_step()
+        self.injected.stall()
         loss = self.training.forward_backward(before)
         healed = self.internals.healing  # settled: the all-reduce waited for the quorum
         commit_start = time.perf_counter()
+        self.beacon.enter("commit")
         self.ft_optimizer.step()
         commit_s = time.perf_counter() - commit_start
+        self.beacon.enter("compute")
         after = manager.current_step()
         committed = after > before
         participants = manager.num_participants()
@@ -266,7 +274,9 @@ class RankTrainer:
         """The components that act on committed steps, each on its own interval."""
         self.fingerprinter.after_commit(step)
         if self.checkpointer and self.checkpointer.due(step) and self.manager.participating_rank() == 0:
+            self.beacon.enter("checkpoint")
             path, seconds = self.checkpointer.save(step)
+            self.beacon.enter("compute")
             self.sink.emit(CheckpointEvent, action="saved", step=step, seconds=seconds, path=str(path))
 
     def train(self, stop: StopRequest) -> str:
@@ -278,6 +288,7 @@ class RankTrainer:
             if outcome.committed:
                 self.after_commit(outcome.step)
                 if self.cfg.step_sleep_s:
+                    self.beacon.enter("idle")
                     time.sleep(self.cfg.step_sleep_s)
         return "done"
 
@@ -285,6 +296,8 @@ class RankTrainer:
         self.sink.emit(ExitEvent, reason=reason, step=self.manager.current_step(), error=error,
                        events_dropped=self.sink.dropped)
         self.sink.close()
+        self.beacon.close()
+        self.injected.close()
         self.manager.shutdown(wait=False)
         dist.destroy_process_group()
 

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import time
 from dataclasses import dataclass
 
 from protocol.agent import AgentStatus
+from protocol.beacon import beacon_file_name, read_beacon
+from protocol.injection import InjectRequest, InjectResult, Injection, injection_file_name, read_injection
 from service.agent.config import AgentSettings
 from service.agent.forwarder import EventForwarder
 from service.agent.spare import WarmSpare
-from service.agent.supervisor import GroupCommand, GroupSupervisor
+from service.agent.supervisor import GroupCommand, GroupSupervisor, StateConflict
+from service.agent.watchdog import Watchdog
 
 
 @dataclass
@@ -17,6 +23,7 @@ class Agent:
     forwarder: EventForwarder
     supervisor: GroupSupervisor
     spare: WarmSpare | None
+    watchdog: Watchdog | None
 
     @classmethod
     def build(cls, settings: AgentSettings) -> "Agent":
@@ -26,28 +33,73 @@ class Agent:
             *(["--advertise-host", settings.advertise_host] if settings.advertise_host else []),
             *settings.trainer_args,
         ]
-        forwarder = EventForwarder(settings.group, settings.events_dir, settings.control_plane, settings.token,
-                                   settings.buffer_capacity, settings.forward_interval_s, settings.forward_batch,
-                                   settings.forward_timeout_s)
         command = GroupCommand(settings.group, settings.ranks_per_group, trainer_args, settings.advertise_host,
                                settings.log_path, settings.stop_timeout_s)
         spare = WarmSpare(command, settings.run_dir, settings.spare_respawn_delay_s) if settings.spare else None
-        supervisor = GroupSupervisor(command, settings.pid_path, forwarder.emit_process,
-                                     settings.auto_rejoin_delay_s, spare)
-        return cls(settings, forwarder, supervisor, spare)
+        watchdog: Watchdog | None = None
+
+        def on_process_event(action: str, **fields) -> None:
+            if action == "started" and watchdog is not None:
+                watchdog.started()
+            forwarder.emit_process(action, **fields)
+
+        supervisor = GroupSupervisor(command, settings.pid_path, on_process_event, settings.auto_rejoin_delay_s, spare)
+        if settings.watchdog:
+            watchdog = Watchdog(settings.watchdog_settings(), settings.events_dir, settings.group,
+                                settings.ranks_per_group, supervisor.pids, supervisor.end_hung)
+        forwarder = EventForwarder(settings.group, settings.events_dir, settings.control_plane, settings.token,
+                                   settings.buffer_capacity, settings.forward_interval_s, settings.forward_batch,
+                                   settings.forward_timeout_s,
+                                   on_step=(lambda e: watchdog.stepped(e.step_s)) if watchdog else lambda e: None)
+        return cls(settings, forwarder, supervisor, spare, watchdog)
 
     def open(self) -> None:
         """At start: end what a dead predecessor left, start forwarding, start the group."""
         self.settings.events_dir.mkdir(parents=True, exist_ok=True)
         self.supervisor.reap_orphans()
         self.forwarder.start()
+        if self.watchdog:
+            self.watchdog.start()
         if self.settings.autostart:
             self.supervisor.start()
 
     def close(self) -> None:
         """Stop the group gracefully (and its spare), then ship its last events."""
+        if self.watchdog:
+            self.watchdog.stop()
         self.supervisor.shutdown()
         self.forwarder.stop()
+
+    def rank_pids(self) -> dict[int, int]:
+        """rank → pid of the group's ranks that are up (their beacon names a process of the group)."""
+        tree = set(self.supervisor.pids())
+        beacons = {r: read_beacon(self.settings.events_dir / beacon_file_name(self.settings.group, r))
+                   for r in range(self.settings.ranks_per_group)}
+        return {r: b.pid for r, b in beacons.items() if b is not None and b.pid in tree}
+
+    def inject(self, request: InjectRequest) -> InjectResult:
+        """A drill's fault, now: SIGSTOP the ranks, or have them sleep inside their next step."""
+        ranks = self.rank_pids()
+        if request.rank is not None:
+            ranks = {r: p for r, p in ranks.items() if r == request.rank}
+        if not ranks:
+            raise StateConflict(f"group {self.settings.group} has no rank up"
+                                + (f" with rank {request.rank}" if request.rank is not None else "")
+                                + "; start it (or wait for it) first")
+        at = time.time()
+        if request.kind == "stop":
+            for pid in ranks.values():
+                os.kill(pid, signal.SIGSTOP)
+        else:
+            path = self.settings.events_dir / injection_file_name(self.settings.group)
+            previous = read_injection(path)
+            injection = Injection(id=(previous.id if previous else 0) + 1, kind=request.kind, rank=request.rank,
+                                  seconds=request.seconds)
+            tmp = path.with_name(f".{path.name}.tmp")
+            tmp.write_text(injection.model_dump_json())
+            os.replace(tmp, path)
+        return InjectResult(group=self.settings.group, kind=request.kind, ranks=sorted(ranks),
+                            pids=sorted(ranks.values()), at=at)
 
     def status(self) -> AgentStatus:
         supervisor, forwarder = self.supervisor, self.forwarder

@@ -9,6 +9,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from protocol import defaults
 from service.agent.supervisor import STOP_TIMEOUT_S
+from service.agent.watchdog import WatchdogSettings
 
 
 class AgentSettings(BaseSettings):
@@ -37,6 +38,21 @@ class AgentSettings(BaseSettings):
     forward_batch: int = Field(500, ge=1, description="events per POST to the control plane")
     forward_timeout_s: float = Field(5.0, gt=0, description="a POST to the control plane slower than this failed; "
                                      "the batch is kept and sent again")
+    watchdog: bool = Field(True, description="end the group when a rank stops making progress (a hang), and "
+                           "treat it as a crash: fail-over to the warm spare or rejoin")
+    watchdog_interval_s: float = Field(0.1, gt=0, description="how often the watchdog reads the ranks' beacons")
+    watchdog_silence_s: float = Field(1.0, gt=0, description="a rank whose beacon is older than this is stopped "
+                                      "or wedged (beacons are written every 0.1 s)")
+    watchdog_floor_s: float = Field(1.0, gt=0, description="the shortest step bound: a rank in compute or commit "
+                                    "longer than max(floor, factor × median step) is stuck")
+    watchdog_factor: float = Field(3.0, gt=1, description="the step bound as a multiple of the group's median step time")
+    watchdog_min_steps: int = Field(5, ge=1, description="steps of a start before its step bound applies (a "
+                                    "rejoined group's first steps heal and warm up)")
+    watchdog_checkpoint_s: float = Field(300.0, gt=0, description="a checkpoint save longer than this is stuck")
+
+    def watchdog_settings(self) -> WatchdogSettings:
+        return WatchdogSettings(self.watchdog_interval_s, self.watchdog_silence_s, self.watchdog_floor_s,
+                                self.watchdog_factor, self.watchdog_min_steps, self.watchdog_checkpoint_s)
 
     @property
     def events_dir(self) -> Path:

@@ -13,6 +13,7 @@ import threading
 import time
 from collections import deque
 from pathlib import Path
+from typing import Callable
 
 import httpx
 from pydantic import ValidationError
@@ -28,8 +29,11 @@ still buffered after it is lost with the agent."""
 
 class EventForwarder:
     def __init__(self, group: int, events_dir: Path, control_plane: str | None, token: str,
-                 capacity: int, interval_s: float, batch: int, timeout_s: float):
+                 capacity: int, interval_s: float, batch: int, timeout_s: float,
+                 on_step: Callable[[StepEvent], None] = lambda step: None):
+        """``on_step`` hears every committed step the group's rank 0 writes."""
         self.group = group
+        self.on_step = on_step
         self.events_dir = events_dir
         self.control_plane = control_plane
         self.interval_s = interval_s
@@ -89,6 +93,7 @@ class EventForwarder:
                     continue
                 if isinstance(event, StepEvent) and speaks_for_group(event) and event.committed:
                     self.last_step = event.step
+                    self.on_step(event)
                 self.push(event)
 
     def _ship(self) -> None:

@@ -9,6 +9,7 @@ from fastapi.concurrency import run_in_threadpool
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from protocol.agent import HEALTH_PATH, STATUS_PATH, AgentAction, AgentStatus, CommandResult, command_path
+from protocol.injection import INJECT_PATH, InjectRequest, InjectResult
 from service.agent.agent import Agent
 from service.agent.supervisor import StateConflict
 
@@ -70,3 +71,9 @@ async def kill(agent: AgentDep) -> CommandResult:
 async def stop(agent: AgentDep) -> CommandResult:
     """Stop the group gracefully (409 if it is down)."""
     return await _run(agent, "stop", agent.supervisor.stop)
+
+
+@commands.post(INJECT_PATH, response_model=InjectResult, responses={409: {}})
+def inject(body: InjectRequest, agent: AgentDep) -> InjectResult:
+    """Inject a drill's fault into the running group (409 if no rank is up)."""
+    return agent.inject(body)

@@ -130,12 +130,12 @@ class GroupSupervisor:
                 return
         self._exited(proc, "finished" if code == 0 else "crashed")
 
-    def _exited(self, proc: subprocess.Popen, kind: ExitKind) -> None:
+    def _exited(self, proc: subprocess.Popen, kind: ExitKind, detail: str | None = None) -> None:
         code = proc.wait()
         self.last_exit = LastExit(kind=kind, returncode=code, ts=time.time())
-        log.info("group %d %s (exit code %s)", self.group, kind, code)
-        self.on_event(kind, pid=proc.pid, returncode=code)
-        if kind in ("killed", "crashed") and self.auto_rejoin_delay_s is not None:
+        log.info("group %d %s (exit code %s)%s", self.group, kind, code, f": {detail}" if detail else "")
+        self.on_event(kind, pid=proc.pid, returncode=code, detail=detail)
+        if kind in ("killed", "crashed", "hung") and self.auto_rejoin_delay_s is not None:
             threading.Thread(target=self._auto_rejoin, name=f"auto-rejoin-{self.group}", daemon=True).start()
 
     def _auto_rejoin(self) -> None:
@@ -147,14 +147,27 @@ class GroupSupervisor:
 
     def kill(self) -> list[int]:
         """SIGKILL the whole tree at once (torchrun and every rank), like losing the node."""
+        return self._end_now("killed")
+
+    def end_hung(self, verdict: str) -> None:
+        """The watchdog's verdict: SIGCONT (a stopped rank dies at once), then SIGKILL, the whole tree.
+        A group already being killed or stopped is left to that."""
+        try:
+            self._end_now("hung", verdict)
+        except StateConflict:
+            pass
+
+    def _end_now(self, kind: ExitKind, detail: str | None = None) -> list[int]:
         with self._lock:
-            if not self.running:
+            if not self.running or (kind == "hung" and self._intent is not None):
                 raise StateConflict(f"group {self.group} is not running")
-            self._intent = "killed"
+            self._intent = kind
             proc = self.proc
+            if kind == "hung":
+                signal_tree(proc.pid, signal.SIGCONT)
             pids = signal_tree(proc.pid, signal.SIGKILL)
         wait_gone(pids, REAPED_S)
-        self._exited(proc, "killed")
+        self._exited(proc, kind, detail)
         return pids
 
     def stop(self) -> None:

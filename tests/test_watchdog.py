@@ -1,0 +1,62 @@
+"""The hang watchdog's decision, on beacons as ranks write them: no processes needed."""
+
+from __future__ import annotations
+
+from protocol.beacon import Beacon
+from service.agent.watchdog import WatchdogSettings, hang_verdict, step_bound
+
+S = WatchdogSettings(interval_s=0.1, silence_s=1.0, floor_s=1.0, factor=3.0, min_steps=5, checkpoint_s=300.0)
+NOW = 1_800_000_000.0
+PIDS = {101, 102}
+STEPS = [0.4, 0.45, 0.5, 0.4, 0.42, 0.47]  # median 0.435 s: bound max(1.0, 1.305) = 1.305 s
+
+
+def beacon(phase: str, in_phase_s: float, age_s: float = 0.05, pid: int = 101, step: int = 40) -> Beacon:
+    return Beacon(pid=pid, phase=phase, since=NOW - in_phase_s, step=step, ts=NOW - age_s)
+
+
+def verdict(*beacons: Beacon | None, steps=STEPS) -> str | None:
+    return hang_verdict(NOW, dict(enumerate(beacons)), PIDS, steps, S)
+
+
+def test_a_healthy_group_is_not_hung():
+    assert verdict(beacon("compute", 0.3), beacon("allreduce", 0.2, pid=102)) is None
+
+
+def test_a_stopped_rank_is_hung_by_its_silence_whatever_its_phase():
+    said = verdict(beacon("compute", 0.2), beacon("allreduce", 3.0, age_s=1.2, pid=102))
+    assert said == "rank 1 silent for 1.2 s (bound 1 s): stopped or wedged in allreduce"
+
+
+def test_a_rank_stuck_in_its_step_is_hung_past_the_adaptive_bound():
+    assert step_bound(S, STEPS) == 3.0 * 0.435
+    assert verdict(beacon("compute", 1.2), None) is None
+    said = verdict(beacon("compute", 1.4), None)
+    assert said == "rank 0 in compute at step 40 for 1.4 s (bound 1.3 s: 3 × median step 0.43 s, floor 1 s)"
+    assert verdict(beacon("commit", 1.4), None).startswith("rank 0 in commit")
+
+
+def test_waiting_on_other_groups_or_starting_is_never_a_hang():
+    for phase in ("allreduce", "starting", "idle"):
+        assert verdict(beacon(phase, 600.0)) is None, phase
+
+
+def test_twice_the_usual_step_is_not_a_hang():
+    assert verdict(beacon("compute", 2 * 0.435)) is None
+
+
+def test_a_slow_checkpoint_has_its_own_bound():
+    assert verdict(beacon("checkpoint", 60.0)) is None
+    assert verdict(beacon("checkpoint", 301.0)) == "rank 0 saving a checkpoint for 301.0 s (bound 300 s)"
+
+
+def test_the_bound_waits_for_enough_steps_and_has_a_floor():
+    assert verdict(beacon("compute", 5.0), steps=STEPS[:4]) is None  # a rejoined group's first steps
+    fast = [0.05] * 10
+    assert step_bound(S, fast) == 1.0
+    assert verdict(beacon("compute", 0.9), steps=fast) is None
+
+
+def test_beacons_of_other_processes_are_not_judged():
+    """A beacon left by an earlier start of the group, or by a warm spare, names another pid."""
+    assert verdict(beacon("compute", 50.0, age_s=50.0, pid=999)) is None
