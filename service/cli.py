@@ -49,9 +49,13 @@ class GroupCommand(ApiFlags):
 
 
 class DrillCommand(ApiFlags):
-    kind: CliPositionalArg[Literal["kill-heal", "chaos"]] = Field(description="kill-heal or chaos")
-    group: int | None = Field(None, ge=0, description="kill-heal: the group to kill")
-    timeout: float | None = Field(None, gt=0, description="kill-heal: seconds per phase (default: the control plane's)")
+    kind: CliPositionalArg[Literal["kill-heal", "hang", "chaos"]] = Field(description="kill-heal, hang or chaos")
+    group: int | None = Field(None, ge=0, description="kill-heal, hang: the group to fault")
+    rank: int | None = Field(None, ge=0, description="hang: only this rank (default: every rank of the group)")
+    mode: Literal["stop", "stuck"] = Field("stop", description="hang: stop (SIGSTOP the ranks) or stuck (a rank "
+                                           "sleeps inside its step)")
+    timeout: float | None = Field(None, gt=0, description="kill-heal, hang: seconds per phase (default: the "
+                                  "control plane's)")
     mtbf: float = Field(30.0, gt=0, description="chaos: mean seconds between kills")
     duration: float = Field(120.0, gt=0, description="chaos: seconds of chaos")
     seed: int = Field(0, description="chaos: random seed (same seed, same kills)")
@@ -62,10 +66,12 @@ class DrillCommand(ApiFlags):
     as_json: bool = Field(False, validation_alias=AliasChoices("json"), description="print the report's JSON")
 
     def body(self) -> dict:
-        if self.kind == "kill-heal":
+        if self.kind in ("kill-heal", "hang"):
             if self.group is None:
-                raise ApiError("drill kill-heal needs --group G")
+                raise ApiError(f"drill {self.kind} needs --group G")
             fields = {"group": self.group, "timeout_s": self.timeout}
+            if self.kind == "hang":
+                fields |= {"rank": self.rank, "mode": self.mode}
         else:
             fields = {"mtbf_s": self.mtbf, "duration_s": self.duration, "seed": self.seed,
                       "rejoin_delay_s": self.rejoin_delay, "baseline_s": self.baseline}
@@ -186,7 +192,7 @@ def cmd_drill(cmd: DrillCommand) -> int:
     if drill["status"] != "done":
         err_console.print(f"ftctl: error: drill {drill['id']} failed: {drill['error']}")
         return 1
-    if cmd.kind == "kill-heal" and not drill["fingerprints_equal"]:
+    if cmd.kind != "chaos" and not drill["fingerprints_equal"]:
         err_console.print(f"ftctl: error: drill {drill['id']}: groups hold different state after the heal")
         return 1
     return 0

@@ -72,6 +72,11 @@ def drill_table(drill: dict) -> Table:
     rows = [
         ("phase", r.get("phase")),
         ("survivors", ", ".join(map(str, r.get("survivors", [])))),
+        *([("fault", f"{r['mode']} " + (f"rank {r['rank']}" if r.get("rank") is not None else "every rank")),
+           ("ended by", {"watchdog": "its agent's watchdog", "agent": "its processes exiting"}.get(
+               r.get("detected_by"), "-")),
+           ("hang → group ended", secs("fault_to_end_s")), ("verdict", value("verdict"))]
+          if drill["kind"] == "hang" else []),
         ("kill → quorum shrank (detect)", secs("detect_s")),
         ("kill → survivors commit again", secs("survivors_resume_s")),
         ("survivor steps lost", value("survivors_steps_lost")),

@@ -75,3 +75,15 @@ def test_a_hung_group_is_ended_by_its_watchdog_and_the_survivor_goes_on(job):
     assert resumed[0]["ts"] - at < 8, "the survivor waited for the collective timeout"
     wait_for(lambda: all_training(job.api), 240, "group 1 back after its fail-over")
     assert [e["action"] for e in events(1, "process")][:2] == ["hung", "started"]
+
+
+def test_hang_drill_of_a_rank_stuck_in_its_step_reports_the_watchdog_and_equal_state(job):
+    wait_for(lambda: all_training(job.api), 240, "both groups training")
+    wait_for(lambda: spare(job, 0) == "ready", 240, "group 0's warm spare")
+    drill = json_out(ftctl(job.state, "drill", "hang", "--group", "0", "--rank", "1", "--mode", "stuck", "--json"))
+    assert drill["status"] == "done" and drill["fingerprints_equal"] is True, drill
+    r = drill["report"]
+    assert (r["detected_by"], r["detected_group"], r["rejoined_by"]) == ("watchdog", 0, "agent")
+    assert "1 in compute at step" in r["verdict"] and r["fault_to_end_s"] < 5
+    assert r["survivors_resume_s"] < 8, "the survivor waited for the collective timeout"
+    assert r["killed_at"] < r["ended_at"] <= r["rejoined_at"] <= r["healed_commit_at"]

@@ -54,8 +54,13 @@ def step_bound(s: WatchdogSettings, step_times: Sequence[float]) -> float | None
 def hang_verdict(now: float, beacons: Mapping[int, Beacon | None], pids: set[int], step_times: Sequence[float],
                  s: WatchdogSettings) -> str | None:
     """Why the group is hung, in one line, or None. Beacons of other processes (an earlier
-    start, a warm spare) and ranks without one yet are not judged."""
+    start, a warm spare) and ranks without one yet are not judged.
+
+    A silent beacon names its rank. A rank stuck inside its step does not stand out by its
+    phase: its group's other ranks wait for it in FSDP's in-group collectives, still in the same
+    phase, so the verdict names every rank over the bound and the group is what it attributes."""
     bound = step_bound(s, step_times)
+    over: list[tuple[int, Beacon, float]] = []
     for rank, b in sorted(beacons.items()):
         if b is None or b.pid not in pids or b.phase == "starting":
             continue
@@ -66,9 +71,14 @@ def hang_verdict(now: float, beacons: Mapping[int, Beacon | None], pids: set[int
         if b.phase == "checkpoint" and in_phase > s.checkpoint_s:
             return f"rank {rank} saving a checkpoint for {in_phase:.1f} s (bound {s.checkpoint_s:g} s)"
         if b.phase in JUDGED_PHASES and bound is not None and in_phase > bound:
-            return (f"rank {rank} in {b.phase} at step {b.step} for {in_phase:.1f} s (bound {bound:.1f} s: "
-                    f"{s.factor:g} × median step {statistics.median(step_times):.2f} s, floor {s.floor_s:g} s)")
-    return None
+            over.append((rank, b, in_phase))
+    if not over:
+        return None
+    _, b, in_phase = max(over, key=lambda o: o[2])
+    ranks = ", ".join(str(rank) for rank, _, _ in over)
+    return (f"rank{'s' if len(over) > 1 else ''} {ranks} in {b.phase} at step {b.step} for {in_phase:.1f} s "
+            f"(bound {bound:.1f} s: {s.factor:g} × median step {statistics.median(step_times):.2f} s, "
+            f"floor {s.floor_s:g} s)")
 
 
 class Watchdog:

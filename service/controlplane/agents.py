@@ -5,6 +5,7 @@ from __future__ import annotations
 import httpx
 
 from protocol.agent import STATUS_PATH, AgentAction, AgentStatus, CommandResult, command_path
+from protocol.injection import INJECT_PATH, InjectRequest, InjectResult
 from service.controlplane.errors import AgentConflict, AgentUnreachable, NoAgent
 
 
@@ -31,16 +32,23 @@ class AgentClient:
     async def command(self, group: int, action: AgentAction) -> CommandResult:
         """POST an action to the group's agent: its 409 is an :class:`AgentConflict`, silence or
         any other error an :class:`AgentUnreachable`."""
+        return CommandResult.model_validate(await self._post(group, command_path(action)))
+
+    async def inject(self, group: int, request: InjectRequest) -> InjectResult:
+        """A drill's fault into the group's running ranks (errors as for :meth:`command`)."""
+        return InjectResult.model_validate(await self._post(group, INJECT_PATH, request.model_dump()))
+
+    async def _post(self, group: int, path: str, body: dict | None = None) -> dict:
         url = self._url(group)
         try:
-            response = await self.client.post(f"{url}{command_path(action)}")
+            response = await self.client.post(f"{url}{path}", json=body)
         except httpx.HTTPError as err:
             raise AgentUnreachable(f"the agent of group {group} at {url} does not answer: {err}") from None
         if response.status_code == 409:
             raise AgentConflict(response.json().get("detail", "conflict"))
         if response.status_code >= 400:
             raise AgentUnreachable(f"the agent of group {group} answered {response.status_code}: {response.text[:200]}")
-        return CommandResult.model_validate(response.json())
+        return response.json()
 
     async def aclose(self) -> None:
         await self.client.aclose()

@@ -19,7 +19,7 @@ from service.controlplane.errors import DomainError, DrillConflict
 from service.controlplane.group_control import GroupControl
 from service.controlplane.chaos import ChaosRun
 from service.controlplane.kill_heal import KillHealRun
-from service.controlplane.models import ChaosReport, KillHealReport
+from service.controlplane.models import ChaosReport, HangReport, KillHealReport
 from service.controlplane.settings import ControlPlaneSettings
 from service.controlplane.timeline import FaultTimeline
 
@@ -47,13 +47,23 @@ class DrillRunner:
                                 f"GET /api/v1/drills/{self.current_id}")
 
     def start_kill_heal(self, group: int, timeout_s: float | None) -> int:
+        return self._start_recovery("kill-heal", KillHealReport, group, timeout_s)
+
+    def start_hang(self, group: int, rank: int | None, mode: str, timeout_s: float | None) -> int:
+        if rank is not None and rank >= self.settings.ranks_per_group:
+            raise DrillConflict(f"group {group} has ranks 0..{self.settings.ranks_per_group - 1}, not {rank}")
+        return self._start_recovery("hang", HangReport, group, timeout_s, rank=rank, mode=mode)
+
+    def _start_recovery(self, kind: str, report_type: type[KillHealReport], group: int, timeout_s: float | None,
+                        **fields) -> int:
         self._check_idle()
         self.control.require_up(group)
         survivors = FaultTimeline.survivors_of(group, self.control.board.views)
         if not survivors:
-            raise DrillConflict(f"no other group is training: killing group {group} would stop the job, not drill it")
-        report = KillHealReport(group=group, survivors=sorted(survivors))
-        return self._start("kill-heal", group, report,
+            raise DrillConflict(f"no other group is training: a fault of group {group} would stop the job, "
+                                "not drill it")
+        report = report_type(group=group, survivors=sorted(survivors), **fields)
+        return self._start(kind, group, report,
                            lambda ctx: KillHealRun(ctx, report, timeout_s or self.settings.drill_timeout_s).run())
 
     def start_chaos(self, report: ChaosReport) -> int:

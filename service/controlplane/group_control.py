@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass
 
 from protocol.agent import CommandResult
+from protocol.injection import InjectRequest, InjectResult
 from service.controlplane.agents import AgentClient
 from service.controlplane.errors import DrillConflict, GroupStateConflict
 from service.controlplane.groups import GroupBoard
@@ -60,6 +61,12 @@ class GroupControl:
         agent = await self.agents.command(group, "kill")
         self.board.force(group, "down", "killed", since=at)
         return agent
+
+    async def inject(self, group: int, request: InjectRequest, drill_id: int) -> InjectResult:
+        """A drill's fault other than a kill; the group's own events tell what follows."""
+        self.require_up(group)
+        self._check_holder(drill_id)
+        return await self.agents.inject(group, request)
 
     async def rejoin(self, group: int) -> CommandResult:
         """Start a down group again (the REST call): it joins the quorum and heals from a peer."""

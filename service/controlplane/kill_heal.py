@@ -1,6 +1,7 @@
-"""The kill-heal drill (the seed's chapter 10): one fault's timeline, from a kill to equal state.
+"""The kill-heal and hang drills (the seed's chapter 10): one fault's timeline, to equal state.
 
-SIGKILL one group; measure how fast the survivors notice and commit again; rejoin it (or see
+SIGKILL one group (kill-heal), or hang it (its ranks SIGSTOPped, or one stuck inside its step)
+and wait for its agent's watchdog to end it (hang); measure how fast the survivors notice and commit again; rejoin it (or see
 its agent restart it by itself); measure the heal from a live peer; check that every group
 holds bitwise identical state afterwards (per-rank fingerprints at one common step). The
 measuring is :class:`~service.controlplane.timeline.FaultTimeline`'s; this module drives the
@@ -14,7 +15,8 @@ import time
 
 from service.controlplane.bus import StoredEvent
 from service.controlplane.drill_context import DrillContext
-from service.controlplane.models import KillHealReport
+from protocol.injection import InjectRequest
+from service.controlplane.models import HangReport, KillHealReport
 from service.controlplane.timeline import FaultTimeline, Milestone
 
 
@@ -35,6 +37,10 @@ def fill_report(r: KillHealReport, t: FaultTimeline) -> None:
         r.fingerprint_step = step
         r.fingerprints = t.fingerprints.digests(step, t.members, t.ranks_per_group)
         r.fingerprints_equal = t.fingerprints.equal_at(step)
+    if isinstance(r, HangReport) and t.exit is not None:
+        r.ended_at, r.fault_to_end_s = t.exit.ts, t.exit.ts - t.fault_at
+        r.detected_by = "watchdog" if t.exit.action == "hung" else "agent"
+        r.detected_group, r.verdict = t.group, t.exit.detail
 
 
 class KillHealRun:
@@ -43,6 +49,13 @@ class KillHealRun:
         self.r = report
         self.timeout_s = timeout_s
         self.timeline: FaultTimeline | None = None
+
+    async def fault(self) -> None:
+        ctx, r = self.ctx, self.r
+        if isinstance(r, HangReport):
+            await ctx.control.inject(r.group, InjectRequest(kind=r.mode, rank=r.rank), drill_id=ctx.drill_id)
+        else:
+            await ctx.control.kill(r.group, at=self.timeline.fault_at, drill_id=ctx.drill_id)
 
     async def until(self, queue: asyncio.Queue[StoredEvent], milestone: Milestone) -> None:
         t = self.timeline
@@ -56,12 +69,15 @@ class KillHealRun:
         ctx, r, g = self.ctx, self.r, self.r.group
         queue = ctx.bus.subscribe()
         try:
-            r.phase = "kill"
-            # begun before the command: the survivors' reaction can arrive while it runs
+            r.phase = "kill" if not isinstance(r, HangReport) else "hang"
+            # begun before the fault: the survivors' reaction can arrive while it is made
             self.timeline = FaultTimeline.begin(g, time.time(), ctx.control.board.views, ctx.settings.ranks_per_group)
-            await ctx.control.kill(g, at=self.timeline.fault_at, drill_id=ctx.drill_id)
+            await self.fault()
             fill_report(r, self.timeline)
             ctx.save()
+            if isinstance(r, HangReport):
+                r.phase = "watchdog"
+                await self.until(queue, Milestone.ENDED)
 
             r.phase = "survivors"
             await self.until(queue, Milestone.SURVIVORS_RESUMED)

@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from protocol.agent import CommandResult
 from protocol.events import ExitKind
+from protocol.injection import InjectedKind
 from protocol.lighthouse import Heartbeat, LighthouseStatus
 
 
@@ -100,6 +101,18 @@ class KillHealIn(BaseModel):
     timeout_s: float | None = Field(None, gt=0, le=3600, description="per phase; default from settings")
 
 
+class HangIn(BaseModel):
+    """Hang one group (its ranks stopped, or one stuck inside its step); the watchdog must end it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["hang"]
+    group: int = Field(ge=0)
+    rank: int | None = Field(None, ge=0, description="only this rank of the group (default: every rank)")
+    mode: InjectedKind = Field("stop", description="stop: SIGSTOP the ranks; stuck: the rank sleeps inside its step")
+    timeout_s: float | None = Field(None, gt=0, le=3600, description="per phase; default from settings")
+
+
 class ChaosIn(BaseModel):
     """Kill random groups at exponentially distributed intervals; measure goodput."""
 
@@ -113,7 +126,7 @@ class ChaosIn(BaseModel):
     baseline_s: float = Field(20.0, gt=0, description="failure-free measurement before the chaos")
 
 
-DrillIn = Annotated[Union[KillHealIn, ChaosIn], Field(discriminator="kind")]
+DrillIn = Annotated[Union[KillHealIn, HangIn, ChaosIn], Field(discriminator="kind")]
 
 
 class ChaosKill(BaseModel):
@@ -177,6 +190,19 @@ class KillHealReport(BaseModel):
     phase: str = "starting"
 
 
+class HangReport(KillHealReport):
+    """A kill-heal drill whose fault is a hang: nothing dies until the watchdog ends the group."""
+
+    mode: InjectedKind = "stop"
+    rank: int | None = None
+    ended_at: float | None = Field(None, description="the group's processes ended (the watchdog's kill)")
+    detected_by: Literal["watchdog", "agent"] | None = Field(
+        None, description="watchdog: the agent's hang watchdog ended the group; agent: its processes exited")
+    detected_group: int | None = Field(None, description="the group the watchdog ended")
+    verdict: str | None = Field(None, description="the watchdog's reason")
+    fault_to_end_s: float | None = Field(None, description="the hang began → the group was ended")
+
+
 class DrillOut(BaseModel):
     id: int
     kind: str
@@ -187,7 +213,7 @@ class DrillOut(BaseModel):
     error: str | None = None
     fingerprints_equal: bool | None = None
     goodput: float | None = None
-    report: KillHealReport | ChaosReport
+    report: HangReport | KillHealReport | ChaosReport
 
 
 class DrillList(BaseModel):

@@ -1,9 +1,9 @@
 """One fault's recovery, read from the job's events: the timeline every drill measures.
 
-    fault ─▶ detected ─▶ survivors resume ─▶ replacement up ─▶ healed commit ─▶ fingerprints
-      (a survivor's     (a survivor commits   (the group's      (its first       (every rank of
-       quorum changed)   in a quorum without   ranks are up:     committed step)  every group
-                         the group)            its start event)                   reported one step)
+    fault ─▶ detected ─▶ survivors resume ─▶ ended ─▶ replacement up ─▶ healed commit ─▶ fingerprints
+      (a survivor's     (a survivor commits   (its agent   (the group's      (its first       (every rank of
+       quorum changed)   in a quorum without   reported     ranks are up:     committed step)  every group
+                         the group)            its exit)    its start event)                   reported one step)
 
 :class:`FaultTimeline` is a pure fold: the drill (or a test, on recorded events) feeds it
 every event once, in arrival order, and reads the milestones. Events from different agents
@@ -40,6 +40,7 @@ RejoinedBy = Literal["drill", "agent"]
 class Milestone(Enum):
     DETECTED = "detected"
     SURVIVORS_RESUMED = "survivors resumed"
+    ENDED = "ended"
     REJOINED = "rejoined"
     REPLACEMENT_UP = "replacement up"
     HEALED = "healed"
@@ -57,6 +58,7 @@ class FaultTimeline:
     quorum_changed_at: float | None = None
     survivors_resumed_at: float | None = None
     commit_failures: dict[int, list[float]] = field(default_factory=dict)
+    exit: ProcessEvent | None = None
     rejoined_at: float | None = None
     rejoined_by: RejoinedBy | None = None
     up_at: float | None = None
@@ -103,6 +105,8 @@ class FaultTimeline:
         if isinstance(e, ProcessEvent):
             if e.action == "started":
                 self.rejoined(e.ts, "agent")
+            elif self.exit is None:
+                self.exit = e  # its processes ended: killed, crashed, or hung (the watchdog's kill)
             return
         if not speaks_for_group(e) or self.healed_commit_at is not None:
             return
@@ -142,6 +146,7 @@ class FaultTimeline:
         return {
             Milestone.DETECTED: self.detected_at,
             Milestone.SURVIVORS_RESUMED: self.survivors_resumed_at,
+            Milestone.ENDED: self.exit,
             Milestone.REJOINED: self.rejoined_at,
             Milestone.REPLACEMENT_UP: self.up_at,
             Milestone.HEALED: self.healed_commit_at,
@@ -154,6 +159,7 @@ class FaultTimeline:
         return {
             Milestone.DETECTED: f"a survivor's quorum to drop group {g}",
             Milestone.SURVIVORS_RESUMED: f"a survivor to commit without group {g}",
+            Milestone.ENDED: f"group {g}'s processes to end",
             Milestone.REJOINED: f"group {g}'s agent to restart it",
             Milestone.REPLACEMENT_UP: f"group {g}'s ranks to start",
             Milestone.HEALED: f"group {g} to heal and commit",

@@ -4,14 +4,18 @@ from fastapi import APIRouter, Response
 
 from service.controlplane.deps import ServicesDep, find_group
 from service.controlplane.errors import UnknownDrill
-from service.controlplane.models import ChaosReport, DrillIn, DrillList, DrillOut, KillHealIn
+from service.controlplane.models import ChaosReport, DrillIn, DrillList, DrillOut, HangIn, HangReport, KillHealIn, KillHealReport
 
 router = APIRouter(prefix="/api/v1/drills", tags=["drills"])
 mutating = APIRouter(prefix="/api/v1/drills", tags=["drills"])
 
 
+REPORTS = {"kill-heal": KillHealReport, "hang": HangReport, "chaos": ChaosReport}
+
+
 def drill_out(row: dict) -> DrillOut:
-    return DrillOut(**row, fingerprints_equal=row["report"].get("fingerprints_equal"),
+    report = REPORTS[row["kind"]].model_validate(row["report"])
+    return DrillOut(**{**row, "report": report}, fingerprints_equal=row["report"].get("fingerprints_equal"),
                     goodput=row["report"].get("goodput"))
 
 
@@ -21,6 +25,9 @@ async def start_drill(body: DrillIn, response: Response, s: ServicesDep) -> Dril
     if isinstance(body, KillHealIn):
         find_group(s, body.group)
         drill_id = s.drills.start_kill_heal(body.group, body.timeout_s)
+    elif isinstance(body, HangIn):
+        find_group(s, body.group)
+        drill_id = s.drills.start_hang(body.group, body.rank, body.mode, body.timeout_s)
     else:
         drill_id = s.drills.start_chaos(ChaosReport(**body.model_dump(exclude={"kind"})))
     response.headers["Location"] = f"/api/v1/drills/{drill_id}"
