@@ -89,6 +89,11 @@ def panels() -> list:
         .with_target(query("A", "time() - ftctl_checkpoint_last_save_timestamp_seconds", "checkpoint age (s)"))
         .with_target(query("B", "rate(ftctl_events_received_total[1m])", "events/s"))
         .with_target(query("C", "increase(ftctl_events_dropped_total[5m])", "dropped in 5 min g{{group}}")),
+        place(stat.Panel(), 14, 0, 33, 24, 5, "Detection and recovery by fault class",
+              "The last drill of each class: fault → detected, and fault → the others commit again (a crash: "
+              "kill-heal; a hang: the watchdog ends the group; the Lighthouse: the longest pause in commits).")
+        .with_target(query("A", "ftctl_fault_detect_seconds", "{{fault}}: detected"))
+        .with_target(query("B", "ftctl_fault_resume_seconds", "{{fault}}: trains again")).unit("s"),
     ]
 
 

@@ -1,18 +1,28 @@
-"""The wrapper's HTTP API: the Lighthouse's state as JSON, its health, and its metrics."""
+"""The wrapper's HTTP API: the Lighthouse's state as JSON, its health, its metrics, and (with the
+job's token) a kill for the Lighthouse drill."""
 
 from __future__ import annotations
 
 from contextlib import asynccontextmanager
 
 import httpx
-from fastapi import FastAPI, HTTPException, Response
+from fastapi import Depends, FastAPI, HTTPException, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from lighthouse.config import LighthouseSettings
 from lighthouse.status import StatusFormatError, parse_status
 from lighthouse.supervisor import LighthouseSupervisor
-from protocol.lighthouse import HEALTH_PATH, STATUS_PATH, LighthouseHealth, LighthouseStatus
+from protocol.auth import require_token
+from protocol.lighthouse import (
+    HEALTH_PATH,
+    KILL_PATH,
+    STATUS_PATH,
+    LighthouseHealth,
+    LighthouseKill,
+    LighthouseKilled,
+    LighthouseStatus,
+)
 
 
 class LighthouseCollector:
@@ -93,6 +103,22 @@ def create_app(settings: LighthouseSettings, supervisor: LighthouseSupervisor) -
         if not health.ok:
             response.status_code = 503
         return health
+
+    def no_token() -> None:
+        raise HTTPException(403, "this wrapper was started without a token, so it takes no kill: "
+                                 "start it with --token or FTCTL_TOKEN (ftctl up does)")
+
+    @app.post(KILL_PATH, response_model=LighthouseKilled,
+              dependencies=[Depends(require_token(settings.token) if settings.token else no_token)],
+              responses={401: {}, 403: {}, 409: {"description": "the Lighthouse is already down"}})
+    async def kill(body: LighthouseKill | None = None) -> LighthouseKilled:
+        """SIGKILL the Lighthouse, as a node loss would, and restart it after ``down_s`` (at least
+        the restart delay). The groups keep their quorum state; see the README's Lighthouse section."""
+        try:
+            pid, killed_at, restart_at = supervisor.kill((body or LighthouseKill()).down_s)
+        except LookupError as err:
+            raise HTTPException(409, str(err)) from None
+        return LighthouseKilled(pid=pid, killed_at=killed_at, restart_at=restart_at)
 
     @app.get("/metrics", include_in_schema=False)
     async def metrics() -> Response:

@@ -6,7 +6,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from protocol import defaults
@@ -33,6 +33,8 @@ class LighthouseSettings(BaseSettings):
     )
     api_host: str = Field(defaults.LOOPBACK, description="where this wrapper serves JSON status, /healthz and /metrics")
     api_port: int = Field(defaults.LIGHTHOUSE_API_PORT, ge=0, le=65535)
+    token: str | None = Field(None, validation_alias=AliasChoices("token", "FTCTL_TOKEN", "FT_LIGHTHOUSE_TOKEN"),
+                              description="bearer token for POST /kill (the Lighthouse drill); none: /kill is refused")
     restart_delay_s: float = Field(0.5, ge=0, description="wait before restarting a Lighthouse that died")
     status_timeout_s: float = Field(2.0, gt=0, description="a Lighthouse whose status page takes longer is down")
     stop_timeout_s: float = Field(5.0, gt=0, description="on shutdown: SIGTERM the Lighthouse, SIGKILL it after this")

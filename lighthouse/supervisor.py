@@ -1,4 +1,7 @@
-"""Keeps torchft's Lighthouse running: a child process, restarted whenever it dies."""
+"""Keeps torchft's Lighthouse running: a child process, restarted whenever it dies.
+
+:meth:`LighthouseSupervisor.kill` is the Lighthouse drill's fault: a SIGKILL, as when its
+node dies, with the restart held back for as long as the drill wants the Lighthouse away."""
 
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ class LighthouseSupervisor:
         self.proc: subprocess.Popen | None = None
         self.restarts = 0
         self.started_at = 0.0
+        self._hold_until = 0.0
         self._stopping = threading.Event()
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._watch, name="lighthouse-watch", daemon=True)
@@ -46,11 +50,26 @@ class LighthouseSupervisor:
             code = self.proc.wait()
             if self._stopping.is_set():
                 return
-            log.warning("lighthouse exited with %s; restarting in %.1fs", code, self.settings.restart_delay_s)
-            if self._stopping.wait(self.settings.restart_delay_s):
+            delay = max(self.settings.restart_delay_s, self._hold_until - time.time())
+            log.warning("lighthouse exited with %s; restarting in %.1fs", code, delay)
+            if self._stopping.wait(delay):
                 return
             self.restarts += 1
             self._spawn()
+
+    def kill(self, down_s: float) -> tuple[int, float, float]:
+        """SIGKILL the running Lighthouse and restart it no sooner than ``down_s`` from now.
+
+        Returns its pid, the kill time and the restart time. Raises LookupError when none runs
+        (it is already down, between a death and its restart)."""
+        with self._lock:
+            proc = self.proc
+            if proc is None or proc.poll() is not None:
+                raise LookupError("the Lighthouse is not running: it is already down and will be restarted")
+            now = time.time()
+            self._hold_until = now + down_s
+            proc.kill()
+        return proc.pid, now, now + max(self.settings.restart_delay_s, down_s)
 
     def stop(self) -> None:
         """SIGTERM the Lighthouse (one process, no children) and SIGKILL it if it lingers."""

@@ -133,7 +133,8 @@ class FingerprintEvent(BaseEvent):
 
 class ExitEvent(BaseEvent):
     type: Literal["exit"] = "exit"
-    reason: Literal["done", "stopped", "error"]
+    reason: Literal["done", "stopped", "error", "lighthouse-away"] = Field(
+        description="lighthouse-away: no quorum within --quorum-timeout-s and the Lighthouse takes no connection")
     step: int
     error: str | None = None
     events_dropped: int = Field(0, description="events this rank dropped: its queue was full")

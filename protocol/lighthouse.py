@@ -2,15 +2,21 @@
 
 torchft's Lighthouse has no JSON view: the wrapper parses its ``/status`` page into
 :class:`LighthouseStatus` (``lighthouse/status.py``, pinned to torchft 0.2.0's page) and serves
-it at :data:`STATUS_PATH`; :data:`HEALTH_PATH` answers :class:`LighthouseHealth`.
+it at :data:`STATUS_PATH`; :data:`HEALTH_PATH` answers :class:`LighthouseHealth`. A ``POST`` of
+:class:`LighthouseKill` to :data:`KILL_PATH`, with the job's bearer token, SIGKILLs the
+Lighthouse process and holds its restart (the Lighthouse drill) and answers :class:`LighthouseKilled`.
 """
 
 from __future__ import annotations
+
+import socket
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, Field
 
 STATUS_PATH = "/status"
 HEALTH_PATH = "/healthz"
+KILL_PATH = "/kill"
 
 
 class QuorumMember(BaseModel):
@@ -52,3 +58,30 @@ class LighthouseHealth(BaseModel):
     restarts: int = Field(description="times the wrapper restarted a dead Lighthouse")
     lighthouse_url: str
     error: str | None = None
+
+
+MAX_HOLD_S = 3600.0
+
+
+class LighthouseKill(BaseModel):
+    down_s: float = Field(0.0, ge=0, le=MAX_HOLD_S, description="keep it down at least this long before the "
+                          "wrapper restarts it (its restart delay applies when shorter)")
+
+
+class LighthouseKilled(BaseModel):
+    pid: int = Field(description="the Lighthouse process that was SIGKILLed")
+    killed_at: float = Field(description="Unix time of the signal")
+    restart_at: float = Field(description="when the wrapper will start a new one")
+
+
+def lighthouse_unreachable(address: str, timeout_s: float) -> str | None:
+    """Why torchft's Lighthouse at ``host:port`` (or ``http://host:port``) takes no connection, or
+    None when it does. Raises ValueError for an address that is neither."""
+    parts = urlsplit(address if "://" in address else f"http://{address}")
+    if not parts.hostname or not parts.port:
+        raise ValueError(f"--lighthouse {address!r} is not host:port or http://host:port")
+    try:
+        socket.create_connection((parts.hostname, parts.port), timeout=timeout_s).close()
+    except OSError as err:
+        return str(err.strerror or err)
+    return None

@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.live import Live
 
 from protocol.settings import fail, parse_settings
-from service.auth import new_token
+from protocol.auth import new_token
 from service.client import DEFAULT_API, DEFAULT_STATE_DIR, ApiError, Connection
 from service.launcher import LocalJob, StartupError, UpSettings
 from service.view import cluster_view, drill_table
@@ -49,13 +49,16 @@ class GroupCommand(ApiFlags):
 
 
 class DrillCommand(ApiFlags):
-    kind: CliPositionalArg[Literal["kill-heal", "hang", "chaos"]] = Field(description="kill-heal, hang or chaos")
+    kind: CliPositionalArg[Literal["kill-heal", "hang", "lighthouse", "chaos"]] = Field(
+        description="kill-heal, hang, lighthouse or chaos")
     group: int | None = Field(None, ge=0, description="kill-heal, hang: the group to fault")
     rank: int | None = Field(None, ge=0, description="hang: only this rank (default: every rank of the group)")
     mode: Literal["stop", "stuck"] = Field("stop", description="hang: stop (SIGSTOP the ranks) or stuck (a rank "
                                            "sleeps inside its step)")
-    timeout: float | None = Field(None, gt=0, description="kill-heal, hang: seconds per phase (default: the "
-                                  "control plane's)")
+    down: float = Field(0.0, ge=0, description="lighthouse: seconds to keep it down (default: the wrapper's "
+                        "restart delay)")
+    timeout: float | None = Field(None, gt=0, description="kill-heal, hang, lighthouse: seconds per phase "
+                                  "(default: the control plane's)")
     mtbf: float = Field(30.0, gt=0, description="chaos: mean seconds between kills")
     duration: float = Field(120.0, gt=0, description="chaos: seconds of chaos")
     seed: int = Field(0, description="chaos: random seed (same seed, same kills)")
@@ -72,6 +75,8 @@ class DrillCommand(ApiFlags):
             fields = {"group": self.group, "timeout_s": self.timeout}
             if self.kind == "hang":
                 fields |= {"rank": self.rank, "mode": self.mode}
+        elif self.kind == "lighthouse":
+            fields = {"down_s": self.down, "timeout_s": self.timeout}
         else:
             fields = {"mtbf_s": self.mtbf, "duration_s": self.duration, "seed": self.seed,
                       "rejoin_delay_s": self.rejoin_delay, "baseline_s": self.baseline}

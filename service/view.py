@@ -57,6 +57,8 @@ def cluster_view(quorum: dict, header: str = "") -> Panel:
 def drill_table(drill: dict) -> Table:
     if drill["kind"] == "chaos":
         return chaos_table(drill)
+    if drill["kind"] == "lighthouse":
+        return lighthouse_table(drill)
     r = drill["report"]
     table = Table(title=f"drill {drill['id']} · {drill['kind']} · group {drill['group']} · {drill['status']}",
                   show_header=False, expand=False)
@@ -93,6 +95,28 @@ def drill_table(drill: dict) -> Table:
         rows.append(("error", f"[red]{drill['error']}[/]"))
     for what, value in rows:
         table.add_row(what, Text.from_markup(str(value)))
+    return table
+
+
+def lighthouse_table(drill: dict) -> Table:
+    r = drill["report"]
+    table = Table(title=f"drill {drill['id']} · lighthouse · {drill['status']}", show_header=False, expand=False)
+    table.add_column("what", style="bold")
+    table.add_column("value")
+    secs = lambda v: f"{v:.2f} s" if v is not None else "-"  # noqa: E731
+    table.add_row("phase", r.get("phase"))
+    table.add_row("Lighthouse killed → noticed", secs(r.get("detect_s")))
+    table.add_row("Lighthouse away", secs(r.get("away_s")))
+    for g, p in sorted((r.get("pauses") or {}).items(), key=lambda kv: int(kv[0])):
+        table.add_row(f"group {g}", f"paused {secs(p.get('pause_s'))}, committed {secs(p.get('resume_after_back_s'))} "
+                                    f"after it answered, {p.get('steps_lost', 0)} step(s) lost")
+    exits = r.get("process_exits") or []
+    table.add_row("group processes ended", Text(", ".join(exits), style="red") if exits else Text("none", style="green"))
+    table.add_row("fingerprints at step", str(r["fingerprint_step"]) if r.get("fingerprint_step") is not None else "-")
+    table.add_row("fingerprints equal", Text.from_markup({True: "[green]yes[/]", False: "[red]NO[/]"}.get(
+        r.get("fingerprints_equal"), "-")))
+    if drill.get("error"):
+        table.add_row("error", Text(drill["error"], style="red"))
     return table
 
 

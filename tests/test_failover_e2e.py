@@ -87,3 +87,24 @@ def test_hang_drill_of_a_rank_stuck_in_its_step_reports_the_watchdog_and_equal_s
     assert "1 in compute at step" in r["verdict"] and r["fault_to_end_s"] < 5
     assert r["survivors_resume_s"] < 8, "the survivor waited for the collective timeout"
     assert r["killed_at"] < r["ended_at"] <= r["rejoined_at"] <= r["healed_commit_at"]
+
+
+def test_lighthouse_drill_pauses_every_group_and_restarts_none(job):
+    """SIGKILL of torchft's Lighthouse: the wrapper restarts it, every group's quorum request is
+    retried until it answers, and training goes on in the same processes with the same state."""
+    wait_for(lambda: all_training(job.api), 240, "both groups training")
+    wait_for(lambda: spare(job, 0) == spare(job, 1) == "ready", 240, "the warm spares built (they take the CPU)")
+    drill = json_out(ftctl(job.state, "drill", "lighthouse", "--json"))
+    assert drill["status"] == "done" and drill["fingerprints_equal"] is True, drill
+    r = drill["report"]
+    assert r["process_exits"] == [], "a group process ended while the Lighthouse was away"
+    assert r["killed_at"] < r["detected_at"] < r["back_at"] and r["detected_by"] == "health-check"
+    assert sorted(r["pauses"]) == ["0", "1"]
+    for g, pause in r["pauses"].items():
+        assert pause["steps_lost"] <= 1, (g, pause)
+        # usually well under a second; bounded by one collective timeout (10 s) when the restarted
+        # Lighthouse's first quorum takes one group in as healing and its heal fetch waits that long
+        assert pause["resume_after_back_s"] < 12, (g, pause)
+    metrics = job.api.get("/metrics").text
+    assert 'ftctl_fault_resume_seconds{fault="lighthouse"} ' in metrics
+    assert 'ftctl_drills_total{kind="lighthouse",status="done"} 1.0' in metrics

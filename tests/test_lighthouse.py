@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from datetime import timedelta
 
 import httpx
@@ -91,18 +92,12 @@ def test_wrapper_serves_json_and_restarts_a_dead_lighthouse():
                                 "--restart-delay-s", "0.2"], cwd=REPO, env=owner.env(), start_new_session=True)
     base = f"http://127.0.0.1:{api}"
     try:
-        def healthy():
-            try:
-                return httpx.get(f"{base}/healthz", timeout=2).json()["ok"]
-            except (httpx.HTTPError, ValueError):
-                return False
-
-        wait_for(healthy, 30, "the wrapper to report a healthy Lighthouse")
+        wait_for(lambda: _healthy(base), 30, "the wrapper to report a healthy Lighthouse")
         status = httpx.get(f"{base}/status").json()
         assert status["quorum_id"] == 0 and status["members"] == []
         first = httpx.get(f"{base}/healthz").json()["pid"]
         process_tree(first)[0].send_signal(signal.SIGKILL)
-        wait_for(lambda: healthy() and httpx.get(f"{base}/healthz").json()["pid"] != first, 30,
+        wait_for(lambda: _healthy(base) and httpx.get(f"{base}/healthz").json()["pid"] != first, 30,
                  "the wrapper to restart the Lighthouse")
         health = httpx.get(f"{base}/healthz").json()
         assert health["restarts"] == 1
@@ -115,3 +110,37 @@ def test_wrapper_serves_json_and_restarts_a_dead_lighthouse():
         assert not wait_gone(pids, 10), "the Lighthouse outlived its wrapper"
     finally:
         owner.end()
+
+
+def test_wrapper_kills_the_lighthouse_on_request_and_holds_its_restart():
+    port, api = free_port(), free_port()
+    owner = Owner()
+    wrapper = subprocess.Popen([sys.executable, "-m", "lighthouse", "--bind", f"127.0.0.1:{port}", "--api-port",
+                                str(api), "--restart-delay-s", "0.1"], cwd=REPO,
+                               env={**owner.env(), "FTCTL_TOKEN": "lh-token"}, start_new_session=True)
+    base = f"http://127.0.0.1:{api}"
+    auth = {"Authorization": "Bearer lh-token"}
+    try:
+        wait_for(lambda: _healthy(base), 30, "the wrapper to report a healthy Lighthouse")
+        first = httpx.get(f"{base}/healthz").json()["pid"]
+        assert httpx.post(f"{base}/kill").status_code == 401
+        assert httpx.post(f"{base}/kill", headers={"Authorization": "Bearer nope"}).status_code == 403
+        assert httpx.post(f"{base}/kill", json={"down_s": -1}, headers=auth).status_code == 422
+        assert first in {p.pid for p in process_tree(wrapper.pid)}, "a refused kill killed something"
+        killed = httpx.post(f"{base}/kill", json={"down_s": 1.5}, headers=auth).json()
+        assert killed["pid"] == first and killed["restart_at"] - killed["killed_at"] == pytest.approx(1.5)
+        again = httpx.post(f"{base}/kill", headers=auth)
+        assert again.status_code == 409 and "already down" in again.json()["detail"]
+        wait_for(lambda: _healthy(base), 30, "the Lighthouse back after its hold")
+        back = time.time()
+        assert back >= killed["restart_at"], "the wrapper restarted the Lighthouse before the hold ended"
+        assert httpx.get(f"{base}/healthz").json()["pid"] != first
+    finally:
+        owner.end()
+
+
+def _healthy(base: str) -> bool:
+    try:
+        return httpx.get(f"{base}/healthz", timeout=2).json()["ok"]
+    except (httpx.HTTPError, ValueError):
+        return False

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import json
 import re
 import shutil
@@ -107,9 +109,12 @@ def test_known_label_values_are_there_at_zero_before_anything_happens(tmp_path):
         for name in ("ftctl_commits_total", "ftctl_commit_failures_total", "ftctl_heals_total",
                      "ftctl_group_starts_total", "ftctl_events_dropped_total"):
             assert m[(name, (("group", g),))] == 0, name
-    for kind in ("kill-heal", "chaos"):
+    for kind in ("kill-heal", "hang", "lighthouse", "chaos"):
         for status in ("done", "failed"):
             assert m[("ftctl_drills_total", (("kind", kind), ("status", status)))] == 0
+    for fault in ("crash", "hang", "lighthouse"):
+        for name in ("ftctl_fault_detect_seconds", "ftctl_fault_resume_seconds"):
+            assert math.isnan(m[(name, (("fault", fault),))]), (name, fault)
     counters = [f for f in families if f.type == "counter"]
     assert counters and all(s.name.endswith(("_total", "_created")) for f in counters for s in f.samples)
     assert not any(name == "ftctl_quorum_id" for name, _ in m), "the quorum id has one name: ftctl_lighthouse_quorum_id"

@@ -112,3 +112,13 @@ def test_help_explains_every_setting():
 
     for name in TrainerConfig.model_fields:
         assert "--" + name.replace("_", "-") in result.stdout
+
+
+def test_a_restarted_lighthouses_quorum_id_never_names_an_old_membership():
+    from trainer.fault_tolerance import membership_quorum_id
+
+    old = membership_quorum_id(2, ["group1:aaa"])
+    assert membership_quorum_id(2, ["group0:bbb", "group1:aaa"]) != old, "the same id, another membership"
+    assert membership_quorum_id(2, ["group1:aaa", "group0:bbb"]) == membership_quorum_id(2, ["group0:bbb", "group1:aaa"])
+    assert membership_quorum_id(3, ["group1:aaa"]) != old
+    assert 0 <= old < 2**62

@@ -35,14 +35,15 @@ class UpJob:
 
 
 @contextmanager
-def ftctl_up(tmp: Path, *args: str) -> Iterator[UpJob]:
-    """`ftctl up` with 2 groups × 2 ranks of a small model on free ports; every process it started
-    (orphans included) is ended afterwards."""
+def ftctl_up(tmp: Path, *args: str, groups: int = 2, ranks_per_group: int = 2) -> Iterator[UpJob]:
+    """`ftctl up` with 2 groups × 2 ranks (unless told) of a small model on free ports; every
+    process it started (orphans included) is ended afterwards."""
     port, state, log = free_port(), tmp / "state", tmp / "ftctl-up.log"
     owner = Owner()
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "service.cli", "up", "--groups", "2", "--ranks-per-group", "2", "--steps", "100000",
+            [sys.executable, "-m", "service.cli", "up", "--groups", str(groups), "--ranks-per-group", str(ranks_per_group),
+             "--steps", "100000",
              "--port", str(port), "--lighthouse-port", str(free_port()), "--state-dir", str(state), "--refresh", "0.5",
              "--trainer-arg=--seq-len=64", "--trainer-arg=--batch-size=2", "--trainer-arg=--fingerprint-every=5",
              *args],

@@ -85,8 +85,9 @@ class TrainerConfig(BaseSettings):
         "min-replicas groups train, the rest wait as spares",
     )
     timeout_s: float = Field(10.0, gt=0, description="collectives, should_commit and heal transfers")
-    quorum_timeout_s: float = Field(30.0, gt=0, description="waiting for a quorum; a Lighthouse away longer "
-                                    "ends the group")
+    quorum_timeout_s: float = Field(120.0, gt=0, description="waiting for a quorum: a Lighthouse away this "
+                                    "long stops the group (exit reason lighthouse-away); its agent starts it "
+                                    "again once the Lighthouse answers")
     quorum_retry_s: float = Field(0.1, gt=0, description="a Lighthouse that does not answer a quorum request is "
                                   "asked again this often within --quorum-timeout-s (torchft's quorum_retries), so "
                                   "a restarted one is found at once")

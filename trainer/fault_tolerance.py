@@ -8,6 +8,7 @@ whatever the current quorum says.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import socket
 import time
@@ -25,6 +26,7 @@ from torchft.checkpointing import CheckpointTransport, HTTPTransport
 from torchft.manager import REPLICA_ID_KEY, WorldSizeMode
 from torchft.process_group import ManagedProcessGroup, ProcessGroup
 
+from protocol.lighthouse import lighthouse_unreachable
 from protocol.replicas import replica_name
 from trainer.config import TrainerConfig
 from trainer.errors import ConfigError
@@ -53,8 +55,9 @@ class ManagerInternals:
 
     @property
     def quorum_id(self) -> int:
-        """The quorum the current step trains in (-1 before the first)."""
-        return self.manager._quorum_id
+        """The Lighthouse's id of the quorum the current step trains in (-1 before the first)."""
+        client = self.manager._client
+        return client.lighthouse_quorum_id if isinstance(client, MembershipQuorumClient) else self.manager._quorum_id
 
     def replica_id(self) -> str:
         """``group{g}:{uuid}``, as rank 0's Manager registered it with the Lighthouse."""
@@ -62,16 +65,15 @@ class ManagerInternals:
 
 
 def check_lighthouse_reachable(address: str, timeout_s: float = LIGHTHOUSE_PROBE_TIMEOUT_S) -> None:
-    parts = urlsplit(address if "://" in address else f"http://{address}")
-    if not parts.hostname or not parts.port:
-        raise ConfigError(f"--lighthouse {address!r} is not host:port or http://host:port")
     try:
-        socket.create_connection((parts.hostname, parts.port), timeout=timeout_s).close()
-    except OSError as err:
+        why = lighthouse_unreachable(address, timeout_s)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    if why is not None:
         raise ConfigError(
-            f"cannot reach the torchft Lighthouse at {address} ({err.strerror or err}); start one "
+            f"cannot reach the torchft Lighthouse at {address} ({why}); start one "
             "(ftctl up, or torchft_lighthouse) or point --lighthouse / TORCHFT_LIGHTHOUSE at it"
-        ) from None
+        )
 
 
 class TimedTransport(CheckpointTransport[Any]):
@@ -164,6 +166,45 @@ class AbortableProcessGroupGloo(ProcessGroupGloo):
         super().abort(errored)
 
 
+def membership_quorum_id(lighthouse_quorum_id: int, replica_ids: list[str]) -> int:
+    """A quorum id that changes whenever the membership does, the same in every member.
+
+    torchft 0.2.0's Manager reconfigures its process group only when the quorum id changes,
+    and a restarted Lighthouse counts its ids from 0 again: its quorum 2 of groups {0, 1} could
+    meet a group still configured for the old Lighthouse's quorum 2 of {1}, which then keeps
+    its dead process group while its peers configure a new one (measured: a commit lost and a
+    10 s heal). The Lighthouse's id together with the members' replica ids (new on every start)
+    names one membership of one Lighthouse's life."""
+    text = f"{lighthouse_quorum_id}|{'|'.join(sorted(replica_ids))}"
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big") >> 2
+
+
+class MembershipQuorumClient:
+    """torchft's ManagerClient, whose quorums carry :func:`membership_quorum_id` as their id (the
+    Lighthouse's own stays readable as ``lighthouse_quorum_id``)."""
+
+    def __init__(self, client: Any):
+        self.client = client
+        self.lighthouse_quorum_id = -1
+
+    def _quorum(self, **kwargs: Any) -> "_MembershipQuorum":
+        quorum = self.client._quorum(**kwargs)
+        self.lighthouse_quorum_id = quorum.quorum_id
+        return _MembershipQuorum(quorum, membership_quorum_id(quorum.quorum_id, list(quorum.replica_ids)))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.client, name)
+
+
+class _MembershipQuorum:
+    def __init__(self, quorum: Any, quorum_id: int):
+        self._quorum = quorum
+        self.quorum_id = quorum_id
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._quorum, name)
+
+
 class FailFastManager(Manager):
     """torchft's Manager, whose first error of a step also aborts the cross-group process group.
 
@@ -180,6 +221,7 @@ class FailFastManager(Manager):
     def __init__(self, pg: ProcessGroup, **kwargs: Any):
         super().__init__(pg=pg, **kwargs)
         self.replicate_pg = pg
+        self._client = MembershipQuorumClient(self._client)
 
     def report_error(self, e: Exception) -> None:
         first = self.errored() is None

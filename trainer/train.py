@@ -30,16 +30,25 @@ from protocol.events import (
     StartEvent,
     StepEvent,
 )
+from protocol.lighthouse import lighthouse_unreachable
 from protocol.spare import readiness_file
 from trainer.checkpoint import Checkpointer, Found
 from trainer.config import TrainerConfig
-from trainer.fault_tolerance import ManagerInternals, ReplicateAllReduce, build_manager, check_lighthouse_reachable
+from trainer.fault_tolerance import (
+    LIGHTHOUSE_PROBE_TIMEOUT_S,
+    ManagerInternals,
+    ReplicateAllReduce,
+    build_manager,
+    check_lighthouse_reachable,
+)
 from trainer.injection import InjectedFaults
 from trainer.setup import build_training, init_device
 from trainer.state import LiveState
 from trainer.telemetry import EventSink, ProgressBeacon, TorchftLogBridge
 
 log = logging.getLogger("trainer")
+LIGHTHOUSE_AWAY_EXIT = 75
+"""EX_TEMPFAIL: the rank stopped because the Lighthouse is away, not because it failed."""
 SPARE_POLL_S = 0.01
 """How often a warm spare looks for its promotion file: promotion is on the fail-over's critical path."""
 
@@ -310,7 +319,15 @@ def run(cfg: TrainerConfig, process_start: float) -> int:
     try:
         reason = trainer.train(stop)
     except Exception as err:
-        trainer.close("error", f"{type(err).__name__}: {err}")
-        raise
+        away = lighthouse_unreachable(cfg.lighthouse, LIGHTHOUSE_PROBE_TIMEOUT_S) if isinstance(err, TimeoutError) else None
+        if away is None:
+            trainer.close("error", f"{type(err).__name__}: {err}")
+            raise
+        trainer.close("lighthouse-away", f"no quorum for {cfg.quorum_timeout_s:g} s (--quorum-timeout-s) and the "
+                      f"Lighthouse at {cfg.lighthouse} takes no connection ({away}): stopping; the agent starts "
+                      "the group again when it answers")
+        log.error("the Lighthouse at %s is away (%s) past --quorum-timeout-s %g s: stopping", cfg.lighthouse, away,
+                  cfg.quorum_timeout_s)
+        return LIGHTHOUSE_AWAY_EXIT
     trainer.close(reason)
     return 0

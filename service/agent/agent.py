@@ -10,11 +10,19 @@ from dataclasses import dataclass
 from protocol.agent import AgentStatus
 from protocol.beacon import beacon_file_name, read_beacon
 from protocol.injection import InjectRequest, InjectResult, Injection, injection_file_name, read_injection
+from protocol.lighthouse import lighthouse_unreachable
 from service.agent.config import AgentSettings
 from service.agent.forwarder import EventForwarder
 from service.agent.spare import WarmSpare
 from service.agent.supervisor import GroupCommand, GroupSupervisor, StateConflict
 from service.agent.watchdog import Watchdog
+
+
+def _lighthouse_away(address: str) -> str | None:
+    try:
+        return lighthouse_unreachable(address, timeout_s=1.0)
+    except ValueError:
+        return None  # a malformed address: the trainer says so in one line when it starts
 
 
 @dataclass
@@ -43,7 +51,8 @@ class Agent:
                 watchdog.started()
             forwarder.emit_process(action, **fields)
 
-        supervisor = GroupSupervisor(command, settings.pid_path, on_process_event, settings.auto_rejoin_delay_s, spare)
+        supervisor = GroupSupervisor(command, settings.pid_path, on_process_event, settings.auto_rejoin_delay_s, spare,
+                                     lighthouse_away=lambda: _lighthouse_away(settings.lighthouse))
         if settings.watchdog:
             watchdog = Watchdog(settings.watchdog_settings(), settings.events_dir, settings.group,
                                 settings.ranks_per_group, supervisor.pids, supervisor.end_hung)

@@ -14,7 +14,7 @@ from service.agent.agent import Agent
 from service.agent.config import AgentSettings
 from service.agent.metrics import AgentCollector
 from service.agent.supervisor import StateConflict
-from service.auth import require_token
+from protocol.auth import require_token
 
 
 def create_app(settings: AgentSettings) -> FastAPI:

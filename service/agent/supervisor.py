@@ -68,10 +68,18 @@ def reap_pidfile(pid_path: Path) -> list[int]:
     return kill_tree(pid)
 
 
+LIGHTHOUSE_POLL_S = 0.5
+
+
 class GroupSupervisor:
     def __init__(self, command: GroupCommand, pid_path: Path, on_event: Callable[..., None],
-                 auto_rejoin_delay_s: float | None, spare: "WarmSpare | None" = None):
+                 auto_rejoin_delay_s: float | None, spare: "WarmSpare | None" = None,
+                 lighthouse_away: Callable[[], str | None] = lambda: None):
+        """``lighthouse_away`` says why the Lighthouse takes no connection (None: it does). An
+        automatic restart waits for it: a group started without it stops again at once, and a
+        Lighthouse away long enough stops every group (exit reason lighthouse-away)."""
         self.command = command
+        self.lighthouse_away = lighthouse_away
         self.group = command.group
         self.pid_path = pid_path
         self.on_event = on_event
@@ -139,11 +147,19 @@ class GroupSupervisor:
             threading.Thread(target=self._auto_rejoin, name=f"auto-rejoin-{self.group}", daemon=True).start()
 
     def _auto_rejoin(self) -> None:
-        if not self._shutdown.wait(self.auto_rejoin_delay_s):
-            try:
-                self.start()
-            except StateConflict:
-                pass  # somebody rejoined it already
+        if self._shutdown.wait(self.auto_rejoin_delay_s):
+            return
+        said = False
+        while (why := self.lighthouse_away()) is not None:
+            if not said:
+                log.warning("group %d waits for the Lighthouse (%s) before it starts again", self.group, why)
+                said = True
+            if self._shutdown.wait(LIGHTHOUSE_POLL_S):
+                return
+        try:
+            self.start()
+        except StateConflict:
+            pass  # somebody rejoined it already
 
     def kill(self) -> list[int]:
         """SIGKILL the whole tree at once (torchrun and every rank), like losing the node."""

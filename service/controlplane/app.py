@@ -11,7 +11,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 
-from service.auth import require_token
+from protocol.auth import require_token
 from service.controlplane import errors, goodput
 from service.controlplane.agents import AgentClient
 from service.controlplane.bus import EventBus
@@ -35,13 +35,14 @@ def build_services(settings: ControlPlaneSettings) -> Services:
     metrics = JobMetrics(settings.groups)
     agents = AgentClient(settings.agents, settings.token, settings.agent_timeout_s)
     control = GroupControl(agents, board)
+    lighthouse = LighthouseClient(settings.lighthouse_api, settings.lighthouse_timeout_s, settings.token)
     metrics.registry.register(StateCollector(board, store, metrics, project=lambda: goodput.projection(
         store, board.median_step_s(), settings.classic_recovery_json, list(goodput.DEFAULT_GPUS),
         goodput.Assumptions())))
     return Services(
         settings=settings, store=store, board=board, bus=bus, ingest=Ingestor(store, board, metrics, bus),
-        agents=agents, control=control, drills=DrillRunner(settings, store, bus, control, agents),
-        lighthouse=LighthouseClient(settings.lighthouse_api, settings.lighthouse_timeout_s),
+        agents=agents, control=control, drills=DrillRunner(settings, store, bus, control, agents, lighthouse),
+        lighthouse=lighthouse,
         metrics_registry=metrics.registry,
     )
 

@@ -8,6 +8,7 @@ from typing import Callable
 from service.controlplane.agents import AgentClient
 from service.controlplane.bus import EventBus
 from service.controlplane.group_control import GroupControl
+from service.controlplane.lighthouse import LighthouseClient
 from service.controlplane.settings import ControlPlaneSettings
 
 
@@ -20,5 +21,6 @@ class DrillContext:
     bus: EventBus
     control: GroupControl
     agents: AgentClient
+    lighthouse: LighthouseClient
     settings: ControlPlaneSettings
     save: Callable[[], None]

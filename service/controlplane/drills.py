@@ -1,7 +1,7 @@
 """Drills: scripted failures the control plane runs against the live job and reports on.
 
-One drill runs at a time, and holds the groups while it runs: kill-heal (``kill_heal.py``) or
-chaos (``chaos.py``). Each keeps its report in the drills table as it goes, so a client polling
+One drill runs at a time, and holds the groups while it runs: kill-heal and hang
+(``kill_heal.py``), lighthouse (``lighthouse_drill.py``) or chaos (``chaos.py``). Each keeps its report in the drills table as it goes, so a client polling
 it watches the phases; a drill that cannot go on ends ``failed`` with the phase and the reason.
 """
 
@@ -19,7 +19,9 @@ from service.controlplane.errors import DomainError, DrillConflict
 from service.controlplane.group_control import GroupControl
 from service.controlplane.chaos import ChaosRun
 from service.controlplane.kill_heal import KillHealRun
-from service.controlplane.models import ChaosReport, HangReport, KillHealReport
+from service.controlplane.lighthouse import LighthouseClient
+from service.controlplane.lighthouse_drill import LighthouseRun
+from service.controlplane.models import ChaosReport, HangReport, KillHealReport, LighthouseReport
 from service.controlplane.settings import ControlPlaneSettings
 from service.controlplane.timeline import FaultTimeline
 
@@ -28,12 +30,13 @@ log = logging.getLogger("controlplane.drills")
 
 class DrillRunner:
     def __init__(self, settings: ControlPlaneSettings, store: Store, bus: EventBus, control: GroupControl,
-                 agents: AgentClient):
+                 agents: AgentClient, lighthouse: LighthouseClient):
         self.settings = settings
         self.store = store
         self.bus = bus
         self.control = control
         self.agents = agents
+        self.lighthouse = lighthouse
         self.task: asyncio.Task | None = None
         self.current_id: int | None = None
 
@@ -66,6 +69,16 @@ class DrillRunner:
         return self._start(kind, group, report,
                            lambda ctx: KillHealRun(ctx, report, timeout_s or self.settings.drill_timeout_s).run())
 
+    def start_lighthouse(self, down_s: float, timeout_s: float | None) -> int:
+        self._check_idle()
+        views = self.control.board.views
+        if any(v.state != "training" for v in views.values()):
+            raise DrillConflict("the Lighthouse drill needs every group training; " + ", ".join(
+                f"group {g} is {v.state}" for g, v in sorted(views.items()) if v.state != "training"))
+        report = LighthouseReport(down_s=down_s, groups=sorted(views))
+        timeout = (timeout_s or self.settings.drill_timeout_s) + down_s  # per phase; the wait for it to come back
+        return self._start("lighthouse", None, report, lambda ctx: LighthouseRun(ctx, report, timeout).run())
+
     def start_chaos(self, report: ChaosReport) -> int:
         self._check_idle()
         training = [g for g, v in self.control.board.views.items() if v.state == "training"]
@@ -73,7 +86,7 @@ class DrillRunner:
             raise DrillConflict(f"chaos needs at least 2 groups training, {len(training)} are")
         return self._start("chaos", None, report, lambda ctx: ChaosRun(ctx, report).run())
 
-    def _start(self, kind: str, group: int | None, report: KillHealReport | ChaosReport,
+    def _start(self, kind: str, group: int | None, report: KillHealReport | LighthouseReport | ChaosReport,
                run: Callable[[DrillContext], Awaitable[None]]) -> int:
         drill_id = self.store.create_drill(kind, group, report.model_dump())
         self.current_id = drill_id
@@ -84,7 +97,8 @@ class DrillRunner:
 
         async def main() -> None:
             try:
-                await run(DrillContext(drill_id, self.bus, self.control, self.agents, self.settings, save))
+                await run(DrillContext(drill_id, self.bus, self.control, self.agents, self.lighthouse, self.settings,
+                                       save))
                 report.phase = "done"
                 save("done")
             except (TimeoutError, DomainError) as err:

@@ -65,6 +65,7 @@ class GroupView:
     participants: int | None = None
     quorum_id: int | None = None
     step_s: float | None = None
+    committed_at: float | None = None
     last_event_ts: float | None = None
     last_heal: HealEvent | None = None
     pid: int | None = None
@@ -87,6 +88,7 @@ class GroupView:
                 self.participants, self.quorum_id = event.participants, event.quorum_id
                 if event.committed:
                     self.step, self.loss, self.step_s = event.step, event.loss, event.step_s
+                    self.committed_at = event.ts
             case HealEvent() if speaks_for_group(event):
                 self.last_heal = event
             case ProcessEvent(action="started"):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 from pydantic import ValidationError
 
-from protocol.lighthouse import HEALTH_PATH, STATUS_PATH, LighthouseStatus
+from protocol.lighthouse import HEALTH_PATH, KILL_PATH, STATUS_PATH, LighthouseKill, LighthouseKilled, LighthouseStatus
 
 
 class LighthouseUnreachable(Exception):
@@ -13,9 +13,10 @@ class LighthouseUnreachable(Exception):
 
 
 class LighthouseClient:
-    def __init__(self, url: str, timeout_s: float):
+    def __init__(self, url: str, timeout_s: float, token: str):
         self.url = url
         self.client = httpx.AsyncClient(base_url=url, timeout=timeout_s)
+        self.token = token
 
     async def status(self) -> LighthouseStatus:
         try:
@@ -31,5 +32,24 @@ class LighthouseClient:
         except httpx.HTTPError as err:
             raise LighthouseUnreachable(f"{self.url}: {err}") from None
 
+    async def kill(self, down_s: float) -> LighthouseKilled:
+        """SIGKILL the Lighthouse through its wrapper (the Lighthouse drill's fault); the wrapper
+        restarts it ``down_s`` later. LighthouseUnreachable carries the wrapper's reason."""
+        try:
+            response = await self.client.post(KILL_PATH, json=LighthouseKill(down_s=down_s).model_dump(),
+                                              headers={"Authorization": f"Bearer {self.token}"})
+        except httpx.HTTPError as err:
+            raise LighthouseUnreachable(f"{self.url}: {err}") from None
+        if response.is_error:
+            raise LighthouseUnreachable(f"{self.url} refused the kill: {_detail(response)}")
+        return LighthouseKilled.model_validate(response.json())
+
     async def aclose(self) -> None:
         await self.client.aclose()
+
+
+def _detail(response: httpx.Response) -> str:
+    try:
+        return str(response.json()["detail"])
+    except (ValueError, KeyError, TypeError):
+        return f"HTTP {response.status_code}"

@@ -34,7 +34,12 @@ from service.controlplane.groups import STATES, GroupBoard
 STEP_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10)
 CODES = ("unknown", *STATES)  # dashboards/quorum.py maps these numbers back to names
 HEAL_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120)
-DRILL_KINDS = ("kill-heal", "chaos")
+DRILL_KINDS = ("kill-heal", "hang", "lighthouse", "chaos")
+FAULT_CLASSES = {"crash": ("kill-heal", "survivors_resume_s"), "hang": ("hang", "survivors_resume_s"),
+                 "lighthouse": ("lighthouse", "max_pause_s")}
+"""Fault class → the drill that measures it, and its report's key for "the job trains again"
+(every report's ``detect_s`` is its detection: the survivors' quorum dropped the group, or the
+control plane found the Lighthouse gone)."""
 DRILL_OUTCOMES = ("done", "failed")
 FINGERPRINT_STEPS = 20
 """Steps of fingerprints kept to compare: groups report the same step within seconds."""
@@ -165,6 +170,20 @@ class StateCollector:
         yield dropped
         yield from self._drills()
 
+    def _fault_classes(self):
+        detect = GaugeMetricFamily("ftctl_fault_detect_seconds", "the last drill of each fault class: fault → "
+                                   "detected (NaN: not drilled yet)", labels=["fault"])
+        resume = GaugeMetricFamily("ftctl_fault_resume_seconds", "the last drill of each fault class: fault → the "
+                                   "other groups commit again (lighthouse: the longest gap in a group's commits)",
+                                   labels=["fault"])
+        for fault, (kind, resume_key) in FAULT_CLASSES.items():
+            report = next(iter(self.store.drills(1, kind=kind, status="done")), {}).get("report") or {}
+            for family, key in ((detect, "detect_s"), (resume, resume_key)):
+                value = report.get(key)
+                family.add_metric([fault], float("nan") if value is None else value)
+        yield detect
+        yield resume
+
     def _drills(self):
         counts = self.store.drill_counts()
         finished = CounterMetricFamily("ftctl_drills", "drills finished, by kind and outcome", labels=["kind", "status"])
@@ -183,6 +202,7 @@ class StateCollector:
         yield result
         yield GaugeMetricFamily("ftctl_drill_fingerprints_equal", "1 if the last kill-heal drill found equal state",
                                 value=float(bool(heal.get("fingerprints_equal"))) if heal else float("nan"))
+        yield from self._fault_classes()
         chaos = next(iter(self.store.drills(1, kind="chaos", status="done")), {}).get("report")
         yield GaugeMetricFamily("ftctl_goodput_ratio", "the last chaos drill's goodput (committed rate vs failure-free)",
                                 value=chaos["goodput"] if chaos and chaos.get("goodput") is not None else float("nan"))

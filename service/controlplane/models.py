@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from protocol.agent import CommandResult
 from protocol.events import ExitKind
 from protocol.injection import InjectedKind
-from protocol.lighthouse import Heartbeat, LighthouseStatus
+from protocol.lighthouse import MAX_HOLD_S, Heartbeat, LighthouseStatus
 
 
 class TransitionOut(BaseModel):
@@ -113,6 +113,17 @@ class HangIn(BaseModel):
     timeout_s: float | None = Field(None, gt=0, le=3600, description="per phase; default from settings")
 
 
+class LighthouseIn(BaseModel):
+    """SIGKILL torchft's Lighthouse (its wrapper restarts it); every group must pause, not restart."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["lighthouse"]
+    down_s: float = Field(0.0, ge=0, le=MAX_HOLD_S, description="keep it down this long (default: the wrapper's "
+                          "restart delay); past the trainers' --quorum-timeout-s the groups stop and are restarted")
+    timeout_s: float | None = Field(None, gt=0, le=3600, description="per phase; default from settings")
+
+
 class ChaosIn(BaseModel):
     """Kill random groups at exponentially distributed intervals; measure goodput."""
 
@@ -126,7 +137,7 @@ class ChaosIn(BaseModel):
     baseline_s: float = Field(20.0, gt=0, description="failure-free measurement before the chaos")
 
 
-DrillIn = Annotated[Union[KillHealIn, HangIn, ChaosIn], Field(discriminator="kind")]
+DrillIn = Annotated[Union[KillHealIn, HangIn, LighthouseIn, ChaosIn], Field(discriminator="kind")]
 
 
 class ChaosKill(BaseModel):
@@ -203,6 +214,40 @@ class HangReport(KillHealReport):
     fault_to_end_s: float | None = Field(None, description="the hang began → the group was ended")
 
 
+class LighthousePause(BaseModel):
+    """One group through the Lighthouse's absence, from its rank 0's committed steps."""
+
+    last_commit_at: float | None = Field(None, description="its last commit before the Lighthouse answered again")
+    resumed_at: float | None = Field(None, description="its first commit after the Lighthouse answered again")
+    pause_s: float | None = Field(None, description="resumed_at − last_commit_at: the group's gap in commits")
+    resume_after_back_s: float | None = Field(None, description="the Lighthouse answered → this group committed")
+    steps_lost: int = Field(0, description="steps that failed their commit between the kill and resumed_at")
+
+
+class LighthouseReport(BaseModel):
+    """What a Lighthouse drill measured. Times are Unix seconds; *_s are durations."""
+
+    down_s: float
+    groups: list[int] = []
+    phase: str = "starting"
+    lighthouse_pid: int | None = Field(None, description="the Lighthouse process the drill SIGKILLed")
+    killed_at: float | None = None
+    detected_at: float | None = Field(None, description="the control plane's first failed health check after it")
+    detected_by: Literal["health-check"] | None = None
+    detect_s: float | None = Field(None, description="killed_at → detected_at")
+    back_at: float | None = Field(None, description="the wrapper's restarted Lighthouse answered its health check")
+    away_s: float | None = Field(None, description="killed_at → back_at")
+    pauses: dict[str, LighthousePause] = Field(default_factory=dict, description="group → its pause")
+    max_pause_s: float | None = None
+    max_resume_after_back_s: float | None = Field(None, description="Lighthouse back → the last group committed")
+    steps_lost: int | None = Field(None, description="failed commits, all groups")
+    process_exits: list[str] = Field(default_factory=list, description="group processes that ended meanwhile: "
+                                     "none is the goal")
+    fingerprint_step: int | None = None
+    fingerprints: dict[str, dict[str, str]] | None = None
+    fingerprints_equal: bool | None = None
+
+
 class DrillOut(BaseModel):
     id: int
     kind: str
@@ -213,7 +258,7 @@ class DrillOut(BaseModel):
     error: str | None = None
     fingerprints_equal: bool | None = None
     goodput: float | None = None
-    report: HangReport | KillHealReport | ChaosReport
+    report: HangReport | KillHealReport | LighthouseReport | ChaosReport
 
 
 class DrillList(BaseModel):

@@ -4,13 +4,24 @@ from fastapi import APIRouter, Response
 
 from service.controlplane.deps import ServicesDep, find_group
 from service.controlplane.errors import UnknownDrill
-from service.controlplane.models import ChaosReport, DrillIn, DrillList, DrillOut, HangIn, HangReport, KillHealIn, KillHealReport
+from service.controlplane.models import (
+    ChaosReport,
+    DrillIn,
+    DrillList,
+    DrillOut,
+    HangIn,
+    HangReport,
+    KillHealIn,
+    KillHealReport,
+    LighthouseIn,
+    LighthouseReport,
+)
 
 router = APIRouter(prefix="/api/v1/drills", tags=["drills"])
 mutating = APIRouter(prefix="/api/v1/drills", tags=["drills"])
 
 
-REPORTS = {"kill-heal": KillHealReport, "hang": HangReport, "chaos": ChaosReport}
+REPORTS = {"kill-heal": KillHealReport, "hang": HangReport, "lighthouse": LighthouseReport, "chaos": ChaosReport}
 
 
 def drill_out(row: dict) -> DrillOut:
@@ -28,6 +39,8 @@ async def start_drill(body: DrillIn, response: Response, s: ServicesDep) -> Dril
     elif isinstance(body, HangIn):
         find_group(s, body.group)
         drill_id = s.drills.start_hang(body.group, body.rank, body.mode, body.timeout_s)
+    elif isinstance(body, LighthouseIn):
+        drill_id = s.drills.start_lighthouse(body.down_s, body.timeout_s)
     else:
         drill_id = s.drills.start_chaos(ChaosReport(**body.model_dump(exclude={"kind"})))
     response.headers["Location"] = f"/api/v1/drills/{drill_id}"

@@ -1,4 +1,4 @@
-"""Bearer-token check for every mutating endpoint of the control plane and the agents."""
+"""The bearer token every mutating endpoint checks: the control plane's, the agents' and the Lighthouse wrapper's."""
 
 from __future__ import annotations
 
