@@ -12,9 +12,11 @@ from typing import Annotated, Literal, Union, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
-ExitKind = Literal["killed", "crashed", "hung", "stopped", "finished"]
+ExitKind = Literal["killed", "crashed", "hung", "lost", "stopped", "finished"]
 """How a group's processes ended, as its agent saw it: the reason a group is down. ``hung``:
-its agent's watchdog ended it (the event's detail says why)."""
+its agent's watchdog ended it (the event's detail says why). ``lost``: the control plane's
+verdict, not the agent's: the agent does not answer and the Lighthouse has no heartbeat from
+the group (a node lost with everything on it)."""
 
 
 class GroupEvent(BaseModel):

@@ -1,13 +1,19 @@
 """Three groups: whichever one dies, the other two commit again long before the collective
-timeout; and a Lighthouse away past the trainers' quorum timeout stops the groups cleanly, once,
+timeout; a node that freezes with its agent on it is shown lost and the others train on; and a
+Lighthouse away past the trainers' quorum timeout stops the groups cleanly, once,
 and their agents bring them back when it answers again."""
 
 from __future__ import annotations
 
+import signal
+import time
+
+import psutil
 import pytest
 
 from cluster import wait_for
-from up_job import all_training, ftctl, ftctl_up, json_out
+from service.proctree import process_tree
+from up_job import all_training, ftctl, ftctl_up, groups, json_out
 
 COLLECTIVE_TIMEOUT_S = 10.0  # the trainers' --timeout-s default
 QUORUM_TIMEOUT_S = 4.0
@@ -28,6 +34,30 @@ def test_the_survivors_of_any_groups_kill_commit_within_half_the_collective_time
     r = drill["report"]
     assert r["survivors"] == sorted({0, 1, 2} - {group})
     assert r["survivors_resume_s"] < COLLECTIVE_TIMEOUT_S / 2, r
+
+
+def test_a_group_frozen_with_its_agent_is_lost_and_the_others_train_on(job):
+    """SIGSTOP of group 1's agent and every process under it, as a node that hangs whole: no
+    process event comes, the agent answers nothing, the heartbeat stops."""
+    wait_for(lambda: all_training(job.api), 240, "all three groups training")
+    torchrun = job.api.get("/api/v1/groups/1/agent").json()["pid"]
+    frozen = [psutil.Process(torchrun).parent(), *process_tree(torchrun)]
+    at = time.time()
+    for p in frozen:
+        p.send_signal(signal.SIGSTOP)
+    try:
+        lost = wait_for(lambda: groups(job.api)[1]["down_reason"] == "lost" and groups(job.api)[1], 30,
+                        "group 1 shown lost")
+        assert lost["since"] - at < 8, "lost should be declared within about the heartbeat timeout + lost_after_s"
+        metrics = job.api.get("/metrics").text
+        assert 'ftctl_group_up{group="1"} 0.0' in metrics
+        assert 'ftctl_group_exits_total{group="1",reason="lost"} 1.0' in metrics
+        step = {g: groups(job.api)[g]["step"] for g in (0, 2)}
+        wait_for(lambda: all(groups(job.api)[g]["step"] > step[g] for g in (0, 2)), 30, "groups 0 and 2 to train on")
+    finally:
+        for p in frozen:
+            p.send_signal(signal.SIGCONT)
+    wait_for(lambda: all_training(job.api), 240, "group 1 back once its node thaws")
 
 
 def test_a_lighthouse_away_past_the_quorum_timeout_stops_the_groups_once_and_they_come_back(job):

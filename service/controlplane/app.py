@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -22,6 +24,7 @@ from service.controlplane.group_control import GroupControl
 from service.controlplane.groups import GroupBoard
 from service.controlplane.ingest import Ingestor
 from service.controlplane.lighthouse import LighthouseClient
+from service.controlplane.liveness import LivenessMonitor
 from service.controlplane.metrics import JobMetrics, StateCollector
 from service.controlplane.routers import drills, events, goodput as goodput_router, groups, health, quorum
 from service.controlplane.settings import ControlPlaneSettings
@@ -52,7 +55,11 @@ def create_app(settings: ControlPlaneSettings) -> FastAPI:
     async def lifespan(app: FastAPI):
         services = build_services(settings)
         app.state.services = services
+        monitor = LivenessMonitor(services.board, services.agents, services.lighthouse, services.ingest,
+                                  settings.liveness_interval_s, settings.lost_after_s)
+        liveness = asyncio.create_task(monitor.run())
         yield
+        liveness.cancel()
         await services.drills.cancel()
         await services.agents.aclose()
         await services.lighthouse.aclose()

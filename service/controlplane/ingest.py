@@ -35,11 +35,16 @@ class Ingestor:
             if event.group == batch.group:
                 accepted.append(event)
         rejected = len(batch.events) - len(accepted)
-        ids = self.store.add_events(accepted)
+        self.record(accepted)
         self.store.record_ingest(batch.group, batch.dropped, rejected)
         self.metrics.rejected.inc(rejected)
-        for event_id, event in zip(ids, accepted):
+        return IngestResult(accepted=len(accepted), rejected=rejected)
+
+    def record(self, events: list[Event]) -> None:
+        """Store valid events and fold them into the board, the metrics and the bus: an agent's,
+        or one the control plane decided itself (a lost group)."""
+        ids = self.store.add_events(events)
+        for event_id, event in zip(ids, events):
             self.metrics.observe(event)
             self.board.observe(event)
             self.bus.publish(StoredEvent(event_id, event))
-        return IngestResult(accepted=len(accepted), rejected=rejected)

@@ -30,7 +30,7 @@ class HealOut(BaseModel):
 class GroupOut(BaseModel):
     group: int
     state: Literal["unknown", "starting", "joining", "healing", "training", "down"]
-    down_reason: ExitKind | None = Field(None, description="killed, crashed, stopped or finished, when down")
+    down_reason: ExitKind | None = Field(None, description="killed, crashed, hung, lost, stopped or finished, when down")
     since: float | None = Field(None, description="when the group entered its state")
     step: int | None = Field(None, description="last committed step its rank 0 reported")
     loss: float | None = None

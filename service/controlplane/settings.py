@@ -38,4 +38,8 @@ class ControlPlaneSettings(BaseSettings):
                                         "is unreachable")
     listener_capacity: int = Field(10_000, ge=100, description="events queued for one slow listener (an SSE "
                                    "client, a drill) before it misses some; ingestion never waits")
+    liveness_interval_s: float = Field(1.0, gt=0, description="how often every group's agent is asked whether it "
+                                       "is there (and the Lighthouse for heartbeats)")
+    lost_after_s: float = Field(3.0, gt=0, description="a group whose agent has not answered this long, and "
+                                "whose heartbeat the Lighthouse dropped, is down (lost)")
     stream_keepalive_s: float = Field(10.0, gt=0, description="an idle event stream sends a comment this often")

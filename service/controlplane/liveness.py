@@ -1,0 +1,103 @@
+"""Lost groups: the agent does not answer and the Lighthouse has no heartbeat from the group.
+
+A node that dies takes the group's agent with it, so no process event ever says the group is
+down: the control plane would show it training. Every ``liveness_interval_s`` the monitor asks
+each up group's agent for its status and the Lighthouse for its heartbeats. A group whose agent
+has not answered for ``lost_after_s`` and that no fresh heartbeat speaks for is lost: the
+monitor records a ``process`` event with action ``lost`` as an agent would its exit, so the
+board, the metrics, the page and a running drill see it go down the same way. Either sign
+alone is not enough: an agent can be slow while its group trains, and a heartbeat can lapse
+while the agent is restarting the group. When the Lighthouse itself does not answer nothing is
+judged. A lost group whose agent answers again with its processes running is joining again;
+its next committed step shows it training.
+
+The decision is :func:`lost_groups`, a pure function of the time and what was seen.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping
+
+from protocol.agent import AgentStatus
+from protocol.events import ProcessEvent
+from protocol.lighthouse import LighthouseStatus
+from service.controlplane.agents import AgentClient
+from service.controlplane.errors import AgentUnreachable, NoAgent
+from service.controlplane.groups import GroupBoard
+from service.controlplane.ingest import Ingestor
+from service.controlplane.lighthouse import LighthouseClient, LighthouseUnreachable
+
+log = logging.getLogger("controlplane.liveness")
+
+
+def beating_groups(status: LighthouseStatus) -> set[int]:
+    """Groups with at least one heartbeat the Lighthouse does not yet call stale."""
+    return {h.group for h in status.heartbeats if h.group is not None and not h.stale}
+
+
+def lost_groups(now: float, unanswered_since: Mapping[int, float], beating: set[int], lost_after_s: float) -> set[int]:
+    """The groups whose agent has been silent ``lost_after_s`` and that no heartbeat speaks for."""
+    return {g for g, since in unanswered_since.items() if now - since >= lost_after_s and g not in beating}
+
+
+class LivenessMonitor:
+    def __init__(self, board: GroupBoard, agents: AgentClient, lighthouse: LighthouseClient, ingest: Ingestor,
+                 interval_s: float, lost_after_s: float):
+        self.board = board
+        self.agents = agents
+        self.lighthouse = lighthouse
+        self.ingest = ingest
+        self.interval_s = interval_s
+        self.lost_after_s = lost_after_s
+        self.unanswered_since: dict[int, float] = {}
+
+    async def _status(self, group: int) -> AgentStatus | None:
+        try:
+            return await asyncio.wait_for(self.agents.status(group), self.lost_after_s / 2)
+        except (AgentUnreachable, TimeoutError):
+            return None
+
+    async def check(self) -> set[int]:
+        """One round; returns the groups it found lost."""
+        views = self.board.views
+        up = [g for g, v in views.items() if v.state not in ("down", "unknown") and g in self.agents.agents]
+        lost = [g for g, v in views.items() if v.down_reason == "lost" and g in self.agents.agents]
+        answers = await asyncio.gather(*(self._status(g) for g in up + lost))
+        now = time.time()
+        for g, status in zip(up + lost, answers):
+            if status is not None:
+                self.unanswered_since.pop(g, None)
+                if g in lost and status.state == "running":
+                    log.info("group %d's agent answers again with its processes running: joining", g)
+                    self.board.force(g, "joining", None, since=now)
+            elif g in up:
+                self.unanswered_since.setdefault(g, now)
+        for g in list(self.unanswered_since):
+            if g not in up:
+                del self.unanswered_since[g]
+        if not self.unanswered_since:
+            return set()
+        try:
+            beating = beating_groups(await self.lighthouse.status())
+        except LighthouseUnreachable:
+            return set()  # without the Lighthouse's view nothing is judged
+        found = lost_groups(now, self.unanswered_since, beating, self.lost_after_s)
+        for g in sorted(found):
+            silent = now - self.unanswered_since.pop(g)
+            detail = f"its agent has not answered for {silent:.1f} s and the Lighthouse has no heartbeat from it"
+            log.warning("group %d lost: %s", g, detail)
+            self.ingest.record([ProcessEvent(group=g, ts=now, action="lost", detail=detail)])
+        return found
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            try:
+                await self.check()
+            except NoAgent:
+                pass
+            except Exception:  # one bad round must not end the monitoring
+                log.exception("liveness check failed")
