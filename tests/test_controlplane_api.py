@@ -261,3 +261,18 @@ def test_goodput_projects_the_measured_recovery_to_scale(db):
     assert ours[16384]["inputs"]["rollback_s"] == pytest.approx(0.5)  # one step at 0.5 s
     assert out["answer"][1].startswith("at 16384 GPUs with our measured recovery, goodput would be")
     assert "assumed: the seed's scenario C" in out["classic_source"]
+
+
+def test_goodput_weighs_a_hangs_detection_by_how_often_hangs_happen(db):
+    store = Store(db)
+    for kind, detect in (("kill-heal", 1.0), ("hang", 3.0)):
+        drill = store.create_drill(kind, 1, {})
+        store.update_drill(drill, "done", {"group": 1, "detect_s": detect, "survivors_resume_s": detect + 0.3,
+                                           "rejoin_to_healed_commit_s": 1.5, "survivors_steps_lost": 1})
+    store.close()
+    with TestClient(create_app(settings(db))) as api:
+        training(api)
+        out = api.get("/api/v1/goodput", params={"gpus": [16384], "hang_fraction": 0.25}).json()
+    assert (out["measured"]["hang_drills"], out["measured"]["hang_detect_s"]) == (1, 3.0)
+    ours = next(p for p in out["projections"] if p["path"].startswith("this service"))
+    assert ours["inputs"]["detect_s"] == pytest.approx(0.75 * 1.0 + 0.25 * 3.0)

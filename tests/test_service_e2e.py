@@ -141,7 +141,7 @@ def test_chaos_drill_measures_goodput(live):
     assert all(k["heal_s"] is not None for k in c["report"]["kills"]), "every killed group came back and healed"
 
 
-def test_web_page_kill_and_heal_in_chromium(live):
+def test_web_page_kill_and_heal_in_chromium(live, kill_heal_drill):
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
@@ -159,6 +159,9 @@ def test_web_page_kill_and_heal_in_chromium(live):
         card = lambda: driver.find_element(By.ID, "group-1")  # noqa: E731
         wait_for(quietly(lambda: card().get_attribute("data-state") == "training"), 30, "the page to show group 1 training")
         assert "https://" not in driver.page_source.split("<body")[0], "the page loads something from the internet"
+        crash = driver.find_element(By.CSS_SELECTOR, '#fault-classes tr[data-fault="crash"]').text
+        assert crash == f"crash {kill_heal_drill['report']['detect_s']:.2f}s " \
+                        f"{kill_heal_drill['report']['survivors_resume_s']:.2f}s", "detection by fault class on the page"
         driver.find_element(By.ID, "token").send_keys(TOKEN)
         clicked_at = time.time()
         card().find_element(By.CSS_SELECTOR, "button.kill").click()

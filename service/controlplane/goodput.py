@@ -1,6 +1,8 @@
 """Goodput at scale: the ledger (``service/ledger.py``) fed with this cluster's measured recovery.
 
-This service: T_d measured, T_r = reconfiguration (survivors do not restart), T_l = the
+This service: T_d measured per fault class and weighted by how often each occurs (a crash's
+T_d from the kill-heal drills, a hang's from the hang drills: the watchdog's, not a crash's),
+T_r = reconfiguration (survivors do not restart), T_l = the
 rejoin's capacity loss (one group of N/gpus_per_group missing while it heals), rollback = the
 survivor steps lost × step time. The classic path: a whole-job restart and a reload, rollback
 τ/2, from bench/recovery's measurement when configured, else the seed's scenario C. Used by
@@ -32,11 +34,16 @@ class Assumptions(BaseModel):
     gpu_mtbf_hours: float = Field(50_000.0, gt=0, description="per-GPU MTBF (Llama 3: ~50,700 h)")
     gpus_per_group: int = Field(8, ge=1, description="GPUs one replica group loses when a GPU fails")
     delta_s: float = Field(10.0, ge=0, description="exposed seconds of one checkpoint")
+    hang_fraction: float = Field(0.017, ge=0, le=1, description="share of failures that are hangs (Llama 3: NCCL "
+                                 "watchdog timeouts were 1.7% of interruptions); the rest are crashes")
 
 
 class MeasuredRecovery(BaseModel):
     drills: int
-    detect_s: float = Field(description="kill → a survivor's quorum changed (median)")
+    detect_s: float = Field(description="kill → a survivor's quorum changed (median of the kill-heal drills)")
+    hang_drills: int = 0
+    hang_detect_s: float | None = Field(None, description="hang → a survivor's quorum changed (median of the hang "
+                                        "drills); none run: a hang is assumed to be detected as a crash is")
     reconfigure_s: float = Field(description="detection → survivors commit again (median)")
     rejoin_to_healed_commit_s: float
     survivor_steps_lost: float
@@ -64,12 +71,15 @@ class GoodputOut(BaseModel):
 
 def measured(store: Store, step_s: float | None) -> MeasuredRecovery:
     reports = [d["report"] for d in store.drills(MEASURED_DRILLS, kind="kill-heal", status="done")]
+    hangs = [d["report"]["detect_s"] for d in store.drills(MEASURED_DRILLS, kind="hang", status="done")
+             if d["report"].get("detect_s") is not None]
     if not reports:
         raise NothingMeasured("no kill-heal drill has finished yet: run one (ftctl drill kill-heal --group G) "
                               "so there are recovery times to project")
     return MeasuredRecovery(
         drills=len(reports),
         detect_s=statistics.median(r["detect_s"] for r in reports),
+        hang_drills=len(hangs), hang_detect_s=statistics.median(hangs) if hangs else None,
         reconfigure_s=statistics.median(r["survivors_resume_s"] - r["detect_s"] for r in reports),
         rejoin_to_healed_commit_s=statistics.median(r["rejoin_to_healed_commit_s"] for r in reports),
         survivor_steps_lost=statistics.median(r["survivors_steps_lost"] for r in reports),
@@ -86,6 +96,13 @@ def classic(path: Path | None) -> tuple[dict[str, float], str]:
     return {"detect_s": 0.0, "restart_s": restart - load, "load_s": load}, f"measured by bench/recovery ({path.name})"
 
 
+def weighted_detect_s(m: MeasuredRecovery, a: Assumptions) -> float:
+    """T_d over the failure mix: crashes detected as the kill-heal drills measured, hangs as the
+    hang drills did (as crashes when none ran)."""
+    hang = m.hang_detect_s if m.hang_detect_s is not None else m.detect_s
+    return (1 - a.hang_fraction) * m.detect_s + a.hang_fraction * hang
+
+
 def project(m: MeasuredRecovery, classic_times: tuple[dict[str, float], str], gpus: list[int],
             a: Assumptions) -> GoodputOut:
     """At each of ``gpus``, the goodput with the measured recovery and with the classic one.
@@ -96,7 +113,7 @@ def project(m: MeasuredRecovery, classic_times: tuple[dict[str, float], str], gp
     for n in gpus:
         cluster = Cluster(n, a.gpu_mtbf_hours)
         groups = max(1, n // a.gpus_per_group)
-        ours = Recovery(detect_s=m.detect_s, restart_s=m.reconfigure_s,
+        ours = Recovery(detect_s=weighted_detect_s(m, a), restart_s=m.reconfigure_s,
                         load_s=m.rejoin_to_healed_commit_s / groups, delta_s=a.delta_s,
                         rollback_s=m.survivor_steps_lost * (m.step_s or 0.0))
         theirs = Recovery(detect_s=times["detect_s"], restart_s=times["restart_s"], load_s=times["load_s"],

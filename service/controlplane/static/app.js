@@ -119,17 +119,35 @@ function ingest(e) {
   addTimeline(e);
 }
 
+// fault class -> the drill that measures it and its report's "trains again" key
+const FAULT_CLASSES = [["crash", "kill-heal", "survivors_resume_s"], ["hang", "hang", "survivors_resume_s"],
+                       ["lighthouse", "lighthouse", "max_pause_s"]];
+const secs = (v) => (v != null ? v.toFixed(2) + "s" : "-");
+
+function byFaultClass(drills) {
+  const rows = FAULT_CLASSES.map(([fault, kind, resume]) => {
+    const last = drills.find((d) => d.kind === kind && d.status === "done");
+    return `<tr data-fault="${fault}"><td>${fault}</td><td>${secs(last?.report.detect_s)}</td>` +
+      `<td>${secs(last?.report[resume])}</td></tr>`;
+  }).join("");
+  return `<table class="faults" id="fault-classes"><thead><tr><th>fault</th><th>detected</th>` +
+    `<th>trains again</th></tr></thead><tbody>${rows}</tbody></table>`;
+}
+
 async function renderDrills() {
   const data = await api("GET", "/api/v1/drills");
   if (!data) return;
-  $("drills").innerHTML = data.drills.slice(0, 8).map((d) => {
+  $("drills").innerHTML = byFaultClass(data.drills) + (data.drills.slice(0, 8).map((d) => {
     const r = d.report;
     const detail = d.kind === "chaos"
       ? `goodput ${r.goodput != null ? (100 * r.goodput).toFixed(1) + "%" : "-"} · ${r.kills.length} kills`
+      : d.kind === "lighthouse"
+      ? `noticed ${secs(r.detect_s)} · away ${secs(r.away_s)} · longest pause ${secs(r.max_pause_s)} · ` +
+        `${r.process_exits.length ? `<span class="bad">${r.process_exits.length} process exits</span>` : "no process exits"}`
       : `detect ${r.detect_s?.toFixed(2) ?? "-"}s · resume ${r.survivors_resume_s?.toFixed(2) ?? "-"}s · heal ${r.rejoin_to_healed_commit_s?.toFixed(2) ?? "-"}s · ` +
         (r.fingerprints_equal == null ? "" : r.fingerprints_equal ? `<span class="ok">state equal</span>` : `<span class="bad">STATE DIFFERS</span>`);
     return `<div class="drill">#${d.id} ${d.kind} ${d.group ?? ""} · <b>${d.status}</b> · ${r.phase}<br>${detail}</div>`;
-  }).join("") || `<div class="dim">none yet</div>`;
+  }).join("") || `<div class="dim">none yet</div>`);
 }
 
 async function refresh() {
