@@ -4,8 +4,7 @@
 
 For each group count a fresh `ftctl up` (G groups × K ranks); for each fault class and each
 victim (group 0 and the last group; the Lighthouse has no victim) the fault runs R times:
-``kill`` and ``hang`` through the kill-heal and hang drills, ``lighthouse`` by SIGKILL of the
-torchft Lighthouse process (its wrapper restarts it), read back from the events. It prints, per
+``kill``, ``hang`` and ``lighthouse`` through the kill-heal, hang and Lighthouse drills. It prints, per
 cell, the survivors' resume after the fault, the steps they lost and the time to
 all groups training again (median and spread), and writes every report as JSON under
 bench/results/ with the settings, core count and date.
@@ -20,48 +19,27 @@ import tempfile
 import time
 from pathlib import Path
 
-import psutil
-
 from bench.common import REPO, Up, add_recovery_options, describe_recovery, job_parser, recovery_settings, spread
 
 FAULTS = ("kill", "hang", "lighthouse")
 RESULTS = REPO / "bench" / "results"
 
 
-LIGHTHOUSE_WATCH_S = 20.0
-"""After a Lighthouse kill: how long the groups are watched for their first commits again."""
-
-
 def drill_body(fault: str, victim: int | None) -> dict:
-    return {"kill": {"kind": "kill-heal", "group": victim}, "hang": {"kind": "hang", "group": victim}}[fault]
+    return {"kill": {"kind": "kill-heal", "group": victim}, "hang": {"kind": "hang", "group": victim},
+            "lighthouse": {"kind": "lighthouse"}}[fault]
 
 
-def kill_lighthouse(up: Up, groups: int) -> dict:
-    """SIGKILL torchft's Lighthouse under its wrapper. Per group, the longest gap between two
-    commits after it (the pause) and the commit that ended it; steps lost; process restarts."""
-    [lighthouse] = [p for p in psutil.Process(up.proc.pid).children(recursive=True)
-                    if "torchft_lighthouse" in " ".join(p.cmdline())]
-    at = time.time()
-    lighthouse.kill()
-    time.sleep(LIGHTHOUSE_WATCH_S)
-    events = up.api.get("/api/v1/events", params={"since": at - 5, "type": ["step", "commit_failed", "process"],
-                                                   "limit": 1000}).json()["events"]
-    resumed, pauses, lost = [], [], []
-    for g in range(groups):
-        commits = sorted(e["ts"] for e in events if e["type"] == "step" and e["group"] == g and e["rank"] == 0
-                         and e["committed"])
-        gaps = [(b - a, b) for a, b in zip(commits, commits[1:]) if b > at]
-        if not gaps:
-            return {"status": "failed", "error": f"group {g} did not commit after the Lighthouse died", "report": {}}
-        pause, end = max(gaps)
-        pauses.append(pause)
-        resumed.append(end - at)
-        lost.append(len([e for e in events if e["type"] == "commit_failed" and e["group"] == g and e["rank"] == 0
-                         and e["ts"] >= at]))
-    return {"status": "done", "report": {
-        "survivors_resume_s": max(resumed), "kill_to_full_s": max(resumed), "pause_s": max(pauses),
-        "survivors_steps_lost": max(lost),
-        "process_events": [(e["group"], e["action"]) for e in events if e["type"] == "process"]}}
+def as_row(fault: str, report: dict) -> dict:
+    """The matrix's columns from a drill's report; the Lighthouse drill has no survivors, only
+    groups that paused: its resume is the last group's first commit after the kill."""
+    if fault != "lighthouse":
+        return report
+    resumed = [p["resumed_at"] for p in report.get("pauses", {}).values() if p.get("resumed_at") is not None]
+    resume = max(resumed) - report["killed_at"] if resumed and report.get("killed_at") else None
+    lost = [p["steps_lost"] for p in report.get("pauses", {}).values()]
+    return {**report, "survivors_resume_s": resume, "kill_to_full_s": resume,
+            "survivors_steps_lost": max(lost) if lost else None}
 
 
 def cells(groups: int, faults: list[str]) -> list[tuple[str, int | None]]:
@@ -83,9 +61,8 @@ def run_groups(args, groups: int) -> list[dict]:
                 if args.spares and victim is not None:
                     up.wait_spares_ready([victim])
                 up.wait_training()
-                drill = (kill_lighthouse(up, groups) if fault == "lighthouse"
-                         else up.drill(drill_body(fault, victim), poll_s=0.3))
-                r = drill["report"]
+                drill = up.drill(drill_body(fault, victim), poll_s=0.3)
+                r = as_row(fault, drill["report"])
                 rows.append({"groups": groups, "fault": fault, "victim": victim, "repeat": repeat,
                              "status": drill["status"], "error": drill.get("error"), "report": r})
                 print(f"{groups} groups, {fault} of {victim if victim is not None else 'the Lighthouse'} "
