@@ -21,7 +21,7 @@ QUORUM_TIMEOUT_S = 4.0
 
 @pytest.fixture(scope="module")
 def job(tmp_path_factory):
-    with ftctl_up(tmp_path_factory.mktemp("three"), "--auto-rejoin-delay", "0", "--join-timeout-ms", "200",
+    with ftctl_up(tmp_path_factory.mktemp("three"), "--auto-rejoin-delay", "0",
                   f"--trainer-arg=--quorum-timeout-s={QUORUM_TIMEOUT_S:g}", groups=3, ranks_per_group=1) as job:
         yield job
 

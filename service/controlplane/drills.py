@@ -72,9 +72,10 @@ class DrillRunner:
     def start_lighthouse(self, down_s: float, timeout_s: float | None) -> int:
         self._check_idle()
         views = self.control.board.views
-        if any(v.state != "training" for v in views.values()):
-            raise DrillConflict("the Lighthouse drill needs every group training; " + ", ".join(
-                f"group {g} is {v.state}" for g, v in sorted(views.items()) if v.state != "training"))
+        if any(v.state in ("down", "unknown") for v in views.values()):
+            raise DrillConflict("the Lighthouse drill needs every group up (it measures that none goes down); " +
+                                ", ".join(f"group {g} is {v.state}" for g, v in sorted(views.items())
+                                          if v.state in ("down", "unknown")))
         report = LighthouseReport(down_s=down_s, groups=sorted(views))
         timeout = (timeout_s or self.settings.drill_timeout_s) + down_s  # per phase; the wait for it to come back
         return self._start("lighthouse", None, report, lambda ctx: LighthouseRun(ctx, report, timeout).run())
