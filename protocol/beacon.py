@@ -11,7 +11,6 @@ must not cover the live group's.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Literal
 
@@ -33,13 +32,6 @@ class Beacon(BaseModel):
 
 def beacon_file_name(group: int, rank: int) -> str:
     return f"g{group}-r{rank}.beacon"
-
-
-def write_beacon(path: Path, beacon: Beacon) -> None:
-    """Atomically: a reader sees the old beacon or the new one, never half of one."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(beacon.model_dump_json())
-    os.replace(tmp, path)
 
 
 def read_beacon(path: Path) -> Beacon | None:

@@ -15,8 +15,9 @@ import threading
 import time
 from pathlib import Path
 
-from protocol.beacon import BEACON_INTERVAL_S, Beacon, Phase, beacon_file_name, write_beacon
+from protocol.beacon import BEACON_INTERVAL_S, Beacon, Phase, beacon_file_name
 from protocol.events import BaseEvent, TorchftLogEvent, events_file_name
+from protocol.files import write_model
 
 _STOP = object()
 TORCHFT_LOGGERS = ("torchft_quorums", "torchft_commits", "torchft_errors")
@@ -132,7 +133,7 @@ class ProgressBeacon:
         while True:
             phase, since, step = self._state
             try:
-                write_beacon(self.path, Beacon(pid=pid, phase=phase, since=since, step=step, ts=time.time()))
+                write_model(self.path, Beacon(pid=pid, phase=phase, since=since, step=step, ts=time.time()))
             except OSError:
                 pass  # a full or missing disk must not stop training; the watchdog then sees silence
             if self._stop.wait(BEACON_INTERVAL_S):

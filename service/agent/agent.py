@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from protocol.agent import AgentStatus
 from protocol.beacon import beacon_file_name, read_beacon
+from protocol.files import write_model
 from protocol.injection import InjectRequest, InjectResult, Injection, injection_file_name, read_injection
 from protocol.lighthouse import lighthouse_unreachable
 from service.agent.config import AgentSettings
@@ -104,9 +105,7 @@ class Agent:
             previous = read_injection(path)
             injection = Injection(id=(previous.id if previous else 0) + 1, kind=request.kind, rank=request.rank,
                                   seconds=request.seconds)
-            tmp = path.with_name(f".{path.name}.tmp")
-            tmp.write_text(injection.model_dump_json())
-            os.replace(tmp, path)
+            write_model(path, injection)
         return InjectResult(group=self.settings.group, kind=request.kind, ranks=sorted(ranks),
                             pids=sorted(ranks.values()), at=at)
 
