@@ -1,8 +1,9 @@
 """Drills: scripted failures the control plane runs against the live job and reports on.
 
 One drill runs at a time, and holds the groups while it runs: kill-heal and hang
-(``kill_heal.py``), lighthouse (``lighthouse_drill.py``) or chaos (``chaos.py``). Each keeps its report in the drills table as it goes, so a client polling
-it watches the phases; a drill that cannot go on ends ``failed`` with the phase and the reason.
+(``kill_heal.py``), lighthouse (``lighthouse_drill.py``) or chaos (``chaos.py``). Each keeps its
+report in the drills table as it goes, so a client polling it watches the phases; a drill that
+cannot go on ends ``failed`` with the phase and the reason.
 """
 
 from __future__ import annotations

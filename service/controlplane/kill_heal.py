@@ -1,8 +1,8 @@
 """The kill-heal and hang drills (the seed's chapter 10): one fault's timeline, to equal state.
 
 SIGKILL one group (kill-heal), or hang it (its ranks SIGSTOPped, or one stuck inside its step)
-and wait for its agent's watchdog to end it (hang); measure how fast the survivors notice and commit again; rejoin it (or see
-its agent restart it by itself); measure the heal from a live peer; check that every group
+and wait for its agent's watchdog to end it (hang); measure how fast the survivors notice and
+commit again; rejoin it (or see its agent restart it by itself); measure the heal from a live peer; check that every group
 holds bitwise identical state afterwards (per-rank fingerprints at one common step). The
 measuring is :class:`~service.controlplane.timeline.FaultTimeline`'s; this module drives the
 fault and waits for each milestone in turn.
