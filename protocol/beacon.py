@@ -14,7 +14,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field
+
+from protocol.files import read_model
 
 BEACON_INTERVAL_S = 0.1
 Phase = Literal["starting", "compute", "allreduce", "commit", "checkpoint", "idle"]
@@ -35,7 +37,4 @@ def beacon_file_name(group: int, rank: int) -> str:
 
 
 def read_beacon(path: Path) -> Beacon | None:
-    try:
-        return Beacon.model_validate_json(path.read_bytes())
-    except (OSError, ValidationError):
-        return None
+    return read_model(path, Beacon)

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TypeVar
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
+
+M = TypeVar("M", bound=BaseModel)
 
 
 def write_model(path: Path, model: BaseModel) -> None:
@@ -13,3 +16,11 @@ def write_model(path: Path, model: BaseModel) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(model.model_dump_json())
     os.replace(tmp, path)
+
+
+def read_model(path: Path, model: type[M]) -> M | None:
+    """The file's model, or None when it is missing or not (yet) one."""
+    try:
+        return model.model_validate_json(path.read_bytes())
+    except (OSError, ValidationError):
+        return None

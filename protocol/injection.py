@@ -11,7 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field
+
+from protocol.files import read_model
 
 INJECT_PATH = "/inject"
 InjectedKind = Literal["stop", "stuck"]
@@ -45,7 +47,4 @@ def injection_file_name(group: int) -> str:
 
 
 def read_injection(path: Path) -> Injection | None:
-    try:
-        return Injection.model_validate_json(path.read_bytes())
-    except (OSError, ValidationError):
-        return None
+    return read_model(path, Injection)
