@@ -40,6 +40,10 @@ def test_a_rank_stuck_in_its_step_names_the_ranks_that_wait_for_it_too():
     """Rank 1 sleeps in its forward; rank 0 waits for it in FSDP's all-gather, in the same phase."""
     said = verdict(beacon("compute", 1.5), beacon("compute", 1.6, pid=102))
     assert said == "ranks 0, 1 in compute at step 40 for 1.6 s (bound 1.3 s: 3 × median step 0.43 s, floor 1 s)"
+    # rank 0 entered its all-gather a moment before the stuck rank 1 began to sleep: rank 0 crosses first
+    said = verdict(beacon("compute", 1.4), beacon("compute", 1.2, pid=102))
+    assert said == "ranks 0, 1 in compute at step 40 for 1.4 s (bound 1.3 s: 3 × median step 0.43 s, floor 1 s)"
+    assert verdict(beacon("compute", 1.4), beacon("compute", 0.1, pid=102, step=41)).startswith("rank 0 in compute")
 
 
 def test_waiting_on_other_groups_or_starting_is_never_a_hang():

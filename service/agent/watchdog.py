@@ -57,10 +57,12 @@ def hang_verdict(now: float, beacons: Mapping[int, Beacon | None], pids: set[int
     start, a warm spare) and ranks without one yet are not judged.
 
     A silent beacon names its rank. A rank stuck inside its step does not stand out by its
-    phase: its group's other ranks wait for it in FSDP's in-group collectives, still in the same
-    phase, so the verdict names every rank over the bound and the group is what it attributes."""
+    phase: its group's other ranks wait for it in FSDP's in-group collectives, in the same phase
+    of the same step, and whichever of them crosses the bound first is chance. So once one rank
+    is over the bound the verdict names every rank working on that step, and the group is what it
+    attributes."""
     bound = step_bound(s, step_times)
-    over: list[tuple[int, Beacon, float]] = []
+    working: list[tuple[int, Beacon, float]] = []
     for rank, b in sorted(beacons.items()):
         if b is None or b.pid not in pids or b.phase == "starting":
             continue
@@ -70,13 +72,16 @@ def hang_verdict(now: float, beacons: Mapping[int, Beacon | None], pids: set[int
         in_phase = now - b.since
         if b.phase == "checkpoint" and in_phase > s.checkpoint_s:
             return f"rank {rank} saving a checkpoint for {in_phase:.1f} s (bound {s.checkpoint_s:g} s)"
-        if b.phase in JUDGED_PHASES and bound is not None and in_phase > bound:
-            over.append((rank, b, in_phase))
-    if not over:
+        if b.phase in JUDGED_PHASES:
+            working.append((rank, b, in_phase))
+    if bound is None or not working:
         return None
-    _, b, in_phase = max(over, key=lambda o: o[2])
-    ranks = ", ".join(str(rank) for rank, _, _ in over)
-    return (f"rank{'s' if len(over) > 1 else ''} {ranks} in {b.phase} at step {b.step} for {in_phase:.1f} s "
+    _, b, in_phase = max(working, key=lambda o: o[2])
+    if in_phase <= bound:
+        return None
+    stalled = [rank for rank, other, _ in working if other.step == b.step]
+    ranks = ", ".join(map(str, stalled))
+    return (f"rank{'s' if len(stalled) > 1 else ''} {ranks} in {b.phase} at step {b.step} for {in_phase:.1f} s "
             f"(bound {bound:.1f} s: {s.factor:g} × median step {statistics.median(step_times):.2f} s, "
             f"floor {s.floor_s:g} s)")
 
