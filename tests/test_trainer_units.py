@@ -117,8 +117,30 @@ def test_help_explains_every_setting():
 def test_a_restarted_lighthouses_quorum_id_never_names_an_old_membership():
     from trainer.fault_tolerance import membership_quorum_id
 
-    old = membership_quorum_id(2, ["group1:aaa"])
-    assert membership_quorum_id(2, ["group0:bbb", "group1:aaa"]) != old, "the same id, another membership"
-    assert membership_quorum_id(2, ["group1:aaa", "group0:bbb"]) == membership_quorum_id(2, ["group0:bbb", "group1:aaa"])
-    assert membership_quorum_id(3, ["group1:aaa"]) != old
+    old = membership_quorum_id(2, ["group1:aaa"], 5)
+    assert membership_quorum_id(2, ["group0:bbb", "group1:aaa"], 5) != old, "the same id, another membership"
+    assert membership_quorum_id(2, ["group1:aaa", "group0:bbb"], 5) == membership_quorum_id(2, ["group0:bbb", "group1:aaa"], 5)
+    assert membership_quorum_id(3, ["group1:aaa"], 5) != old
+    assert membership_quorum_id(2, ["group1:aaa"], 34) != old, "the same id and members, another Lighthouse's life"
     assert 0 <= old < 2**62
+
+
+def test_both_groups_name_the_new_lighthouses_quorum_alike_though_only_one_saw_a_quorum_between():
+    """Recorded (bench.faults, 2 groups, one Lighthouse restart in four): the old Lighthouse's
+    quorum 2 held groups 0 and 1 from step 5; the new one formed quorum 1 of group 0 alone, which
+    committed step 34, then its quorum 2 of both groups again. Group 1, still at step 33, must
+    reconfigure too: it used to keep the old quorum's id and its process group (a 10 s heal)."""
+    from trainer.fault_tolerance import QuorumFormation, membership_quorum_id
+
+    both = ["group0:a", "group1:b"]
+
+    def ids(answers: list[tuple[int, list[str], int, int]]) -> list[int]:
+        formation = QuorumFormation()
+        return [membership_quorum_id(q, members, formation.see(q, members, step, top))
+                for q, members, step, top in answers]
+
+    group0 = ids([(2, both, 5, 5), (2, both, 33, 33), (1, ["group0:a"], 33, 33), (2, both, 34, 34), (2, both, 35, 35)])
+    group1 = ids([(2, both, 5, 5), (2, both, 33, 33), (2, both, 33, 34), (2, both, 35, 35)])
+    assert group0[0] == group0[1] == group1[0] == group1[1], "a kept quorum keeps its id"
+    assert group1[2] != group1[1], "group 1 reconfigures for the new Lighthouse's quorum 2"
+    assert group0[3] == group1[2] and group0[4] == group1[3] == group1[2], "and both name it alike, step after step"

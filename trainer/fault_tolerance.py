@@ -166,17 +166,42 @@ class AbortableProcessGroupGloo(ProcessGroupGloo):
         super().abort(errored)
 
 
-def membership_quorum_id(lighthouse_quorum_id: int, replica_ids: list[str]) -> int:
+def membership_quorum_id(lighthouse_quorum_id: int, replica_ids: list[str], formed_at_step: int) -> int:
     """A quorum id that changes whenever the membership does, the same in every member.
 
     torchft 0.2.0's Manager reconfigures its process group only when the quorum id changes,
     and a restarted Lighthouse counts its ids from 0 again: its quorum 2 of groups {0, 1} could
     meet a group still configured for the old Lighthouse's quorum 2 of {1}, which then keeps
     its dead process group while its peers configure a new one (measured: a commit lost and a
-    10 s heal). The Lighthouse's id together with the members' replica ids (new on every start)
-    names one membership of one Lighthouse's life."""
-    text = f"{lighthouse_quorum_id}|{'|'.join(sorted(replica_ids))}"
+    10 s heal). The Lighthouse's id and the members' replica ids (new on every start) name one
+    membership, but not one Lighthouse's life: the new Lighthouse's quorum 2 can have the very
+    members of the old one's quorum 2 (measured, one restart in four). The step the quorum
+    formed at (:class:`QuorumFormation`) tells the two apart."""
+    text = f"{lighthouse_quorum_id}|{'|'.join(sorted(replica_ids))}|{formed_at_step}"
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big") >> 2
+
+
+class QuorumFormation:
+    """The step at which the current quorum formed, as every member of it computes it.
+
+    A quorum forms in one round of the Lighthouse: every member receives it with the same
+    ``max_step``, and then keeps it, step after step, while the membership stays. Within one
+    Lighthouse's life a member is never behind inside a quorum it kept: a failed commit makes
+    the Lighthouse count a new id. So a quorum that looks kept (the same Lighthouse id and
+    members as the last one) while this member is behind was formed anew, by a restarted
+    Lighthouse, in the round where its peers saw a new quorum: it formed at ``max_step`` too.
+    """
+
+    def __init__(self) -> None:
+        self.key: tuple[int, tuple[str, ...]] | None = None
+        self.step = -1
+
+    def see(self, lighthouse_quorum_id: int, replica_ids: list[str], my_step: int, max_step: int) -> int:
+        """This member's quorum answer; returns the step the quorum formed at."""
+        key = (lighthouse_quorum_id, tuple(sorted(replica_ids)))
+        if key != self.key or my_step < max_step:
+            self.key, self.step = key, max_step
+        return self.step
 
 
 class MembershipQuorumClient:
@@ -186,11 +211,14 @@ class MembershipQuorumClient:
     def __init__(self, client: Any):
         self.client = client
         self.lighthouse_quorum_id = -1
+        self.formation = QuorumFormation()
 
     def _quorum(self, **kwargs: Any) -> "_MembershipQuorum":
         quorum = self.client._quorum(**kwargs)
         self.lighthouse_quorum_id = quorum.quorum_id
-        return _MembershipQuorum(quorum, membership_quorum_id(quorum.quorum_id, list(quorum.replica_ids)))
+        ids = list(quorum.replica_ids)
+        formed_at = self.formation.see(quorum.quorum_id, ids, kwargs["step"], quorum.max_step)
+        return _MembershipQuorum(quorum, membership_quorum_id(quorum.quorum_id, ids, formed_at))
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.client, name)

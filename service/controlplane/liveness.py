@@ -3,7 +3,8 @@
 A node that dies takes the group's agent with it, so no process event ever says the group is
 down: the control plane would show it training. Every ``liveness_interval_s`` the monitor asks
 each up group's agent for its status and the Lighthouse for its heartbeats. A group whose agent
-has not answered for ``lost_after_s`` and that no fresh heartbeat speaks for is lost: the
+has not answered since a question asked ``lost_after_s`` ago, and that no fresh heartbeat speaks
+for, is lost: the
 monitor records a ``process`` event with action ``lost`` as an agent would its exit, so the
 board, the metrics, the page and a running drill see it go down the same way. Either sign
 alone is not enough: an agent can be slow while its group trains, and a heartbeat can lapse
@@ -55,6 +56,8 @@ class LivenessMonitor:
         self.unanswered_since: dict[int, float] = {}
 
     async def _status(self, group: int) -> AgentStatus | None:
+        """The agent's status, or None when it did not answer within half of ``lost_after_s``
+        (a stopped agent's kernel still accepts the connection: only a timeout tells)."""
         try:
             return await asyncio.wait_for(self.agents.status(group), self.lost_after_s / 2)
         except (AgentUnreachable, TimeoutError):
@@ -65,6 +68,7 @@ class LivenessMonitor:
         views = self.board.views
         up = [g for g, v in views.items() if v.state not in ("down", "unknown") and g in self.agents.agents]
         lost = [g for g, v in views.items() if v.down_reason == "lost" and g in self.agents.agents]
+        asked = time.time()
         answers = await asyncio.gather(*(self._status(g) for g in up + lost))
         now = time.time()
         for g, status in zip(up + lost, answers):
@@ -74,7 +78,7 @@ class LivenessMonitor:
                     log.info("group %d's agent answers again with its processes running: joining", g)
                     self.board.force(g, "joining", None, since=now)
             elif g in up:
-                self.unanswered_since.setdefault(g, now)
+                self.unanswered_since.setdefault(g, asked)
         for g in list(self.unanswered_since):
             if g not in up:
                 del self.unanswered_since[g]
