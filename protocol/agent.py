@@ -2,8 +2,8 @@
 
 ``GET`` :data:`STATUS_PATH` answers :class:`AgentStatus`; ``POST /{action}`` for each
 :data:`AgentAction`, with the bearer token, answers :class:`CommandResult`, or 409 when the
-action does not fit the group's state (kill or stop of a group that is down, start of one that
-runs). ``rejoin`` is the exception: it asks for a running group, so when the group already runs
+action does not fit the group's state (kill, evict or stop of a group that is down, start of one
+that runs). ``evict`` is a kill whose reason is ``evicted``: the agent does not restart it by itself. ``rejoin`` is the exception: it asks for a running group, so when the group already runs
 (its agent restarted it by itself) it answers with ``already_running`` set.
 """
 
@@ -17,7 +17,7 @@ from protocol.events import ExitKind
 
 STATUS_PATH = "/status"
 HEALTH_PATH = "/healthz"
-AgentAction = Literal["start", "rejoin", "kill", "stop"]
+AgentAction = Literal["start", "rejoin", "kill", "evict", "stop"]
 SpareState = Literal["starting", "ready"]
 
 

@@ -12,11 +12,12 @@ from typing import Annotated, Literal, Union, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
-ExitKind = Literal["killed", "crashed", "hung", "lost", "stopped", "finished"]
+ExitKind = Literal["killed", "crashed", "hung", "lost", "evicted", "stopped", "finished"]
 """How a group's processes ended, as its agent saw it: the reason a group is down. ``hung``:
 its agent's watchdog ended it (the event's detail says why). ``lost``: the control plane's
 verdict, not the agent's: the agent does not answer and the Lighthouse has no heartbeat from
-the group (a node lost with everything on it)."""
+the group (a node lost with everything on it). ``evicted``: the control plane ended it as a
+persistent straggler (``--straggler-policy evict``)."""
 
 
 class GroupEvent(BaseModel):
@@ -142,6 +143,25 @@ class ExitEvent(BaseEvent):
     events_dropped: int = Field(0, description="events this rank dropped: its queue was full")
 
 
+class StragglerEvent(GroupEvent):
+    """The control plane's straggler detector flagged the group, or cleared it
+    (``service/controlplane/stragglers.py``). The scores are set when flagged."""
+
+    type: Literal["straggler"] = "straggler"
+    action: Literal["flagged", "cleared"]
+    policy_action: Literal["flag", "evict"] | None = Field(
+        None, description="flagged only: what the straggler policy does with it (evict only when that pays)")
+    relative: float | None = Field(None, description="the fastest group's median compute over this group's")
+    individual: float | None = Field(None, description="this group's best median compute over its current one")
+    slowdown: float | None = Field(None, description="its median compute over its peers' median")
+    slowest_share: float | None = Field(None, description="share of the window's steps it computed longest in")
+    compute_s: float | None = Field(None, description="its median compute time over the window")
+    wait_s: float | None = Field(None, description="its median wait in the cross-group all-reduce")
+    keep_cost: float | None = Field(None, description="share of the throughput keeping it costs: 1 - 1/slowdown")
+    evict_cost: float | None = Field(None, description="share of the throughput evicting it costs: 1/groups")
+    detail: str
+
+
 class TorchftLogEvent(BaseEvent):
     """A record of torchft's own ``torchft_quorums`` / ``torchft_commits`` / ``torchft_errors``."""
 
@@ -166,6 +186,7 @@ Event = Annotated[
         ExitEvent,
         TorchftLogEvent,
         ProcessEvent,
+        StragglerEvent,
     ],
     Field(discriminator="type"),
 ]
@@ -189,6 +210,6 @@ def parse_event(line: str | bytes) -> Event:
 def speaks_for_group(event: Event) -> bool:
     """Rank 0 speaks for its group: every rank steps, heals and changes quorum together, so
     the group's step, loss, heal and quorum are what its rank 0 reports. The agent's process
-    events speak for the group too; the other ranks' events count only where each rank
-    matters on its own (fingerprints, exits)."""
-    return isinstance(event, ProcessEvent) or event.rank == 0
+    events and the control plane's verdicts speak for the group too; the other ranks' events
+    count only where each rank matters on its own (fingerprints, exits)."""
+    return not isinstance(event, BaseEvent) or event.rank == 0

@@ -3,7 +3,8 @@
 ``stop`` is the agent's own doing: it SIGSTOPs the ranks (all, or one), as a hung node or a
 wedged driver leaves them. The other kinds need the rank's help: the agent writes an
 :class:`Injection` to ``{events_dir}/g{g}.inject``, and every rank of the group reads it
-(a new ``id`` is a new injection) and acts on it inside its next step.
+(a new ``id`` is a new injection) and acts on it inside its next step: ``stuck`` sleeps there
+once, ``slow`` sleeps ``delay_ms`` before every forward until ``until`` (a straggler).
 """
 
 from __future__ import annotations
@@ -16,13 +17,16 @@ from pydantic import BaseModel, Field
 from protocol.files import read_model
 
 INJECT_PATH = "/inject"
-InjectedKind = Literal["stop", "stuck"]
+InjectedKind = Literal["stop", "stuck", "slow"]
 
 
 class InjectRequest(BaseModel):
-    kind: InjectedKind = Field(description="stop: SIGSTOP the ranks; stuck: the rank sleeps inside its step")
+    kind: InjectedKind = Field(description="stop: SIGSTOP the ranks; stuck: the rank sleeps inside its step; "
+                               "slow: the ranks sleep before every forward for a while")
     rank: int | None = Field(None, ge=0, description="only this rank of the group (default: every rank)")
-    seconds: float = Field(3600.0, gt=0, description="stuck: how long the rank sleeps inside its step")
+    seconds: float = Field(3600.0, gt=0, le=86_400, description="stuck: how long the rank sleeps inside its step; "
+                           "slow: how long the ranks stay slow")
+    delay_ms: float = Field(0.0, ge=0, le=60_000, description="slow: the sleep before every forward")
 
 
 class InjectResult(BaseModel):
@@ -34,12 +38,16 @@ class InjectResult(BaseModel):
 
 
 class Injection(BaseModel):
-    """What the ranks read: injection ``id`` for ``rank`` (None: every rank)."""
+    """What the ranks read: injection ``id`` for the processes ``pids`` (the group's ranks that
+    were up, or the one asked for; a warm spare of the group, started before, is not one)."""
 
     id: int
-    kind: Literal["stuck"]
+    kind: Literal["stuck", "slow"]
     rank: int | None
+    pids: list[int]
     seconds: float
+    delay_s: float = 0.0
+    until: float = Field(0.0, description="slow: Unix time the slowness ends")
 
 
 def injection_file_name(group: int) -> str:

@@ -49,9 +49,9 @@ class GroupCommand(ApiFlags):
 
 
 class DrillCommand(ApiFlags):
-    kind: CliPositionalArg[Literal["kill-heal", "hang", "lighthouse", "chaos"]] = Field(
-        description="kill-heal, hang, lighthouse or chaos")
-    group: int | None = Field(None, ge=0, description="kill-heal, hang: the group to fault")
+    kind: CliPositionalArg[Literal["kill-heal", "hang", "lighthouse", "chaos", "straggler"]] = Field(
+        description="kill-heal, hang, lighthouse, chaos or straggler")
+    group: int | None = Field(None, ge=0, description="kill-heal, hang, straggler: the group to fault")
     rank: int | None = Field(None, ge=0, description="hang: only this rank (default: every rank of the group)")
     mode: Literal["stop", "stuck"] = Field("stop", description="hang: stop (SIGSTOP the ranks) or stuck (a rank "
                                            "sleeps inside its step)")
@@ -60,7 +60,11 @@ class DrillCommand(ApiFlags):
     timeout: float | None = Field(None, gt=0, description="kill-heal, hang, lighthouse: seconds per phase "
                                   "(default: the control plane's)")
     mtbf: float = Field(30.0, gt=0, description="chaos: mean seconds between kills")
-    duration: float = Field(120.0, gt=0, description="chaos: seconds of chaos")
+    duration: float | None = Field(None, gt=0, description="chaos: seconds of chaos (default 120); straggler: "
+                                   "seconds the group stays slow (default 30)")
+    delay_ms: float = Field(30.0, gt=0, description="straggler: the sleep before every forward")
+    policy: Literal["flag", "evict"] | None = Field(None, description="straggler: the straggler policy while it "
+                                                    "runs (default: the job's)")
     seed: int = Field(0, description="chaos: random seed (same seed, same kills)")
     rejoin_delay: float | None = Field(None, ge=0, description="chaos: seconds before a killed group rejoins "
                                        "(default: the control plane's)")
@@ -69,7 +73,12 @@ class DrillCommand(ApiFlags):
     as_json: bool = Field(False, validation_alias=AliasChoices("json"), description="print the report's JSON")
 
     def body(self) -> dict:
-        if self.kind in ("kill-heal", "hang"):
+        if self.kind == "straggler":
+            if self.group is None:
+                raise ApiError("drill straggler needs --group G")
+            fields = {"group": self.group, "delay_ms": self.delay_ms, "duration_s": self.duration,
+                      "policy": self.policy}
+        elif self.kind in ("kill-heal", "hang"):
             if self.group is None:
                 raise ApiError(f"drill {self.kind} needs --group G")
             fields = {"group": self.group, "timeout_s": self.timeout}
@@ -78,7 +87,7 @@ class DrillCommand(ApiFlags):
         elif self.kind == "lighthouse":
             fields = {"down_s": self.down, "timeout_s": self.timeout}
         else:
-            fields = {"mtbf_s": self.mtbf, "duration_s": self.duration, "seed": self.seed,
+            fields = {"mtbf_s": self.mtbf, "duration_s": self.duration or 120.0, "seed": self.seed,
                       "rejoin_delay_s": self.rejoin_delay, "baseline_s": self.baseline}
         return {"kind": self.kind, **{k: v for k, v in fields.items() if v is not None}}
 
@@ -197,7 +206,19 @@ def cmd_drill(cmd: DrillCommand) -> int:
     if drill["status"] != "done":
         err_console.print(f"ftctl: error: drill {drill['id']} failed: {drill['error']}")
         return 1
-    if cmd.kind != "chaos" and not drill["fingerprints_equal"]:
+    if cmd.kind == "straggler":
+        r = drill["report"]
+        if r.get("ended"):
+            err_console.print(f"ftctl: error: drill {drill['id']}: group {r['group']} went down during it ({r['ended']}); "
+                              "a delay over the hang watchdog's step bound is a hang, not a straggler: use a "
+                              "shorter --delay-ms")
+            return 1
+        if r["detected_group"] != r["group"]:
+            found = "nobody" if r["detected_group"] is None else f"group {r['detected_group']}"
+            err_console.print(f"ftctl: error: drill {drill['id']}: the detector flagged {found}, not group {r['group']}; "
+                              "a delay too short for --straggler-factor is not a straggler (try a longer --delay-ms)")
+            return 1
+    elif cmd.kind != "chaos" and not drill["fingerprints_equal"]:
         err_console.print(f"ftctl: error: drill {drill['id']}: groups hold different state after the heal")
         return 1
     return 0

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from typing import Literal
 from pathlib import Path
 
 import httpx
@@ -50,6 +51,11 @@ class UpSettings(BaseModel):
     spares: int = Field(0, ge=0, description="keep a warm spare for the first S groups: rejoin promotes it "
                         "instead of starting cold")
     auto_rejoin_delay: float | None = Field(None, ge=0, description="rejoin a killed group by itself after this many seconds")
+    straggler_policy: Literal["flag", "evict"] = Field(
+        "flag", description="flag: show a persistent straggler; evict: also end it when keeping it costs more of the "
+        "throughput than losing it (a warm spare takes its place)")
+    straggler_factor: float = Field(1.15, gt=1, description="a group computing this much longer than its peers' "
+                                    "median, and waiting least, is a straggler")
     trainer_arg: list[str] = Field(default_factory=list, description="extra trainer flag, repeatable: "
                                    "--trainer-arg=--seq-len=64")
     refresh: float = Field(1.0, gt=0, description="seconds between live-view refreshes")
@@ -158,7 +164,8 @@ class LocalJob:
             py, "-m", "service.controlplane", "--host", cfg.host, "--port", str(cfg.port),
             "--db", str(cfg.state_dir / "control.db"), "--groups", str(cfg.groups),
             "--ranks-per-group", str(cfg.ranks_per_group), "--agents", json.dumps(agents),
-            "--lighthouse-api", self.lighthouse_api])
+            "--lighthouse-api", self.lighthouse_api, "--straggler-policy", cfg.straggler_policy,
+            "--straggler-factor", str(cfg.straggler_factor)])
         self._wait_http(control, f"{cfg.api}/healthz")
 
         trainer_args = ["--steps", str(cfg.steps), "--checkpoint-dir", str(cfg.state_dir / "checkpoints"),

@@ -27,6 +27,8 @@ def groups_table(groups: list[dict]) -> Table:
                          no_wrap=True, overflow="ellipsis")
     for g in groups:
         state = g["state"] + (f" ({g['down_reason']})" if g.get("down_reason") else "")
+        if g.get("straggler"):
+            state += f" · straggler ×{g['straggler']['slowdown']:.2f}"
         heal = g.get("last_heal")
         heal_text = (f"@{heal['step']} ← g{heal['source_group']} {heal['bytes'] / 2**20:.0f} MiB "
                      f"{heal['fetch_s']:.1f}s, {_age(heal['ts'])} ago") if heal else "-"
@@ -54,16 +56,29 @@ def cluster_view(quorum: dict, header: str = "") -> Panel:
                  title="ftctl · elastic HSDP on torchft", border_style="blue")
 
 
+def report_table(title: str) -> Table:
+    """A drill report: one "what | value" row per measurement."""
+    table = Table(title=title, show_header=False, expand=False)
+    table.add_column("what", style="bold")
+    table.add_column("value")
+    return table
+
+
+def add_error(table: Table, drill: dict) -> Table:
+    if drill.get("error"):
+        table.add_row("error", Text(drill["error"], style="red"))
+    return table
+
+
 def drill_table(drill: dict) -> Table:
     if drill["kind"] == "chaos":
         return chaos_table(drill)
     if drill["kind"] == "lighthouse":
         return lighthouse_table(drill)
+    if drill["kind"] == "straggler":
+        return straggler_table(drill)
     r = drill["report"]
-    table = Table(title=f"drill {drill['id']} · {drill['kind']} · group {drill['group']} · {drill['status']}",
-                  show_header=False, expand=False)
-    table.add_column("what", style="bold")
-    table.add_column("value")
+    table = report_table(f"drill {drill['id']} · {drill['kind']} · group {drill['group']} · {drill['status']}")
 
     def secs(key: str) -> str:
         return f"{r[key]:.2f} s" if r.get(key) is not None else "-"
@@ -100,9 +115,7 @@ def drill_table(drill: dict) -> Table:
 
 def lighthouse_table(drill: dict) -> Table:
     r = drill["report"]
-    table = Table(title=f"drill {drill['id']} · lighthouse · {drill['status']}", show_header=False, expand=False)
-    table.add_column("what", style="bold")
-    table.add_column("value")
+    table = report_table(f"drill {drill['id']} · lighthouse · {drill['status']}")
     secs = lambda v: f"{v:.2f} s" if v is not None else "-"  # noqa: E731
     table.add_row("phase", r.get("phase"))
     table.add_row("Lighthouse killed → noticed", secs(r.get("detect_s")))
@@ -115,17 +128,39 @@ def lighthouse_table(drill: dict) -> Table:
     table.add_row("fingerprints at step", str(r["fingerprint_step"]) if r.get("fingerprint_step") is not None else "-")
     table.add_row("fingerprints equal", Text.from_markup({True: "[green]yes[/]", False: "[red]NO[/]"}.get(
         r.get("fingerprints_equal"), "-")))
-    if drill.get("error"):
-        table.add_row("error", Text(drill["error"], style="red"))
-    return table
+    return add_error(table, drill)
+
+
+def straggler_table(drill: dict) -> Table:
+    r = drill["report"]
+    table = report_table(f"drill {drill['id']} · straggler · group {r['group']} +{r['delay_ms']:g} ms for "
+                         f"{r['duration_s']:g}s · policy {r['policy']} · {drill['status']}")
+    table.add_row("phase", r.get("phase"))
+    found = r.get("detected_group")
+    table.add_row("flagged", "nobody" if found is None else
+                  Text(f"group {found} after {r['detect_s']:.1f} s", style="green" if found == r["group"] else "red"))
+    if found is not None:
+        table.add_row("slowdown · relative · individual",
+                      f"{r['slowdown']:.2f}× · {r['relative']:.2f} · {r['individual']:.2f}")
+        table.add_row("verdict", r.get("detail") or "-")
+    table.add_row("action", r.get("action") or "-")
+    if r.get("ended"):
+        table.add_row("went down", Text(r["ended"], style="red"))
+    others = r.get("others_flagged") or []
+    table.add_row("others flagged", Text(", ".join(map(str, others)), style="red") if others else Text("none", style="green"))
+    rates = r.get("throughput") or {}
+    steps = r.get("median_step_s") or {}
+    for when in ("before", "during", "after"):
+        rate, step = rates.get(when), steps.get(when)
+        table.add_row(f"throughput {when}", (f"{rate:.2f} replica-batches/s" if rate is not None else "-")
+                      + (f" · {step:.2f} s/step" if step is not None else ""))
+    return add_error(table, drill)
 
 
 def chaos_table(drill: dict) -> Table:
     r = drill["report"]
-    table = Table(title=f"drill {drill['id']} · chaos · mtbf {r['mtbf_s']:g}s · {r['duration_s']:g}s · seed {r['seed']} · "
-                        f"{drill['status']}", show_header=False)
-    table.add_column("what", style="bold")
-    table.add_column("value")
+    table = report_table(f"drill {drill['id']} · chaos · mtbf {r['mtbf_s']:g}s · {r['duration_s']:g}s · seed {r['seed']} · "
+                         f"{drill['status']}")
     rate = lambda v: f"{v:.2f} replica-batches/s" if v is not None else "-"  # noqa: E731
     table.add_row("failure-free rate", rate(r.get("baseline_rate")))
     table.add_row("rate under chaos", rate(r.get("chaos_rate")))
@@ -136,6 +171,4 @@ def chaos_table(drill: dict) -> Table:
                                      f"({r['chaos_step_s'] / r['baseline_step_s']:.2f}×)")
     for term, seconds in (r.get("lost_s") or {}).items():
         table.add_row(f"lost to {term.replace('_', ' ')}", f"{seconds:.1f} s")
-    if drill.get("error"):
-        table.add_row("error", Text(drill["error"], style="red"))
-    return table
+    return add_error(table, drill)

@@ -17,6 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from browser import chromium, quietly
 from cluster import REPO, wait_for
 from dashboards.quorum import panel_queries
 from processes import Owner
@@ -64,16 +65,6 @@ def live(tmp_path_factory):
              f"--storage.tsdb.path={tmp / 'tsdb'}", f"--web.listen-address=127.0.0.1:{prom_port}"],
             env=owner.env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         yield Live(job, f"http://127.0.0.1:{prom_port}")
-
-
-def quietly(predicate):
-    """A wait_for predicate that is simply false while the page is still rendering."""
-    def check():
-        try:
-            return predicate()
-        except Exception:  # selenium raises while an element is missing or being replaced
-            return False
-    return check
 
 
 def test_rest_kill_and_rejoin_promotes_the_warm_spare(live):
@@ -142,19 +133,10 @@ def test_chaos_drill_measures_goodput(live):
 
 
 def test_web_page_kill_and_heal_in_chromium(live, kill_heal_drill):
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
 
     wait_for(lambda: all_training(live.api), 240, "both groups training")
-    options = webdriver.ChromeOptions()
-    options.binary_location = shutil.which("chromium") or "/usr/bin/chromium"
-    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--window-size=1500,1000"):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(options=options, service=Service(shutil.which("chromedriver") or "/usr/bin/chromedriver"))
-    try:
+    with chromium() as driver:
         driver.get(str(live.api.base_url))
         card = lambda: driver.find_element(By.ID, "group-1")  # noqa: E731
         wait_for(quietly(lambda: card().get_attribute("data-state") == "training"), 30, "the page to show group 1 training")
@@ -177,8 +159,6 @@ def test_web_page_kill_and_heal_in_chromium(live, kill_heal_drill):
         assert "last heal: step" in card().text
         ARTIFACTS.mkdir(exist_ok=True)
         driver.save_screenshot(str(ARTIFACTS / "control-plane-page.png"))
-    finally:
-        driver.quit()
 
 
 def test_prometheus_scrapes_and_every_dashboard_query_returns_data(live, kill_heal_drill):
@@ -257,3 +237,21 @@ def test_ctrl_c_stops_everything(tmp_path):
         assert job.proc.wait(120) == 0, job.log.read_text()[-3000:]
         assert not wait_gone(everything, 10), "processes left behind after Ctrl-C"
         assert "no process left behind" in job.log.read_text()
+
+
+def test_rest_evict_ends_a_group_for_good_and_its_warm_spare_takes_its_place(live):
+    """What the straggler policy does to a costly straggler (tests/test_three_groups_e2e.py drills
+    it without a spare): the group goes down as evicted and its ready spare is promoted at once."""
+    api = live.api
+    wait_for(lambda: all_training(api), 240, "both groups training")
+    wait_for(lambda: api.get("/api/v1/groups/0/agent").json()["spare"] == "ready", 240, "group 0's warm spare")
+    evicted_at = time.time()
+    out = api.post("/api/v1/groups/0/evict", headers=AUTH)
+    assert out.status_code == 200, out.text
+    assert out.json()["replaced_by_spare"] is True and out.json()["agent"]["action"] == "evict"
+    wait_for(lambda: groups(api)[0]["state"] == "training" and (groups(api)[0]["last_heal"] or {}).get("ts", 0)
+             > evicted_at, 240, "the promoted spare to heal and train")
+    process = api.get("/api/v1/events", params={"group": 0, "type": "process", "since": evicted_at}).json()["events"]
+    assert [(e["action"], e["detail"]) for e in process][:2] == [
+        ("evicted", "the control plane evicted it; its agent does not restart it"), ("started", "promoted warm spare (ready)")]
+    assert 'ftctl_group_exits_total{group="0",reason="evicted"} 1.0' in api.get("/metrics").text

@@ -1,7 +1,8 @@
 """Three groups: whichever one dies, the other two commit again long before the collective
-timeout; a node that freezes with its agent on it is shown lost and the others train on; and a
+timeout; a node that freezes with its agent on it is shown lost and the others train on; a
 Lighthouse away past the trainers' quorum timeout stops the groups cleanly, once,
-and their agents bring them back when it answers again."""
+and their agents bring them back when it answers again; and a slowed group is named a
+straggler, alone."""
 
 from __future__ import annotations
 
@@ -11,17 +12,21 @@ import time
 import psutil
 import pytest
 
+from browser import chromium, quietly
 from cluster import wait_for
 from service.proctree import process_tree
-from up_job import all_training, ftctl, ftctl_up, groups, json_out
+from up_job import AUTH, all_training, ftctl, ftctl_up, groups, json_out
 
 COLLECTIVE_TIMEOUT_S = 10.0  # the trainers' --timeout-s default
 QUORUM_TIMEOUT_S = 4.0
+STRAGGLER_FACTOR = 1.5
+"""Three single-rank groups on two cores differ by up to ~1.25× in compute by themselves (one
+shares its core more): the default 1.15 flags that, rightly, and would blur what the drill shows."""
 
 
 @pytest.fixture(scope="module")
 def job(tmp_path_factory):
-    with ftctl_up(tmp_path_factory.mktemp("three"), "--auto-rejoin-delay", "0",
+    with ftctl_up(tmp_path_factory.mktemp("three"), "--auto-rejoin-delay", "0", "--straggler-factor", str(STRAGGLER_FACTOR),
                   f"--trainer-arg=--quorum-timeout-s={QUORUM_TIMEOUT_S:g}", groups=3, ranks_per_group=1) as job:
         yield job
 
@@ -48,7 +53,8 @@ def test_a_group_frozen_with_its_agent_is_lost_and_the_others_train_on(job):
     try:
         lost = wait_for(lambda: groups(job.api)[1]["down_reason"] == "lost" and groups(job.api)[1], 30,
                         "group 1 shown lost")
-        assert lost["since"] - at < 8, "lost should be declared within about the heartbeat timeout + lost_after_s"
+        assert lost["since"] - at < 5, "lost should be declared within about the heartbeat timeout + lost_after_s"
+        print(f"group 1 shown lost {lost['since'] - at:.1f} s after it froze")
         metrics = job.api.get("/metrics").text
         assert 'ftctl_group_up{group="1"} 0.0' in metrics
         assert 'ftctl_group_exits_total{group="1",reason="lost"} 1.0' in metrics
@@ -76,3 +82,56 @@ def test_a_lighthouse_away_past_the_quorum_timeout_stops_the_groups_once_and_the
     assert sorted(e["group"] for e in started) == [0, 1, 2], "one restart per group, none while it was away"
     assert all(e["ts"] >= r["back_at"] - 1.0 for e in started), "an agent restarted its group into a crash loop"
     assert r["fingerprints_equal"] is True
+
+
+def test_a_straggler_drill_names_the_slow_group_leaves_the_others_alone_and_shows_it(job):
+    """Group 2 sleeps 300 ms before every forward (about 2.5× its compute here): flagged, kept
+    under the job's policy (flag), shown on its card in Chromium, cleared once it is fast again."""
+    from selenium.webdriver.common.by import By
+
+    wait_for(lambda: all_training(job.api), 240, "all three groups training")
+    starts = {g: v["restarts"] for g, v in groups(job.api).items()}
+    drill = job.api.post("/api/v1/drills", headers=AUTH, json={"kind": "straggler", "group": 2, "delay_ms": 300,
+                                                                "duration_s": 15, "baseline_s": 5, "after_s": 5})
+    assert drill.status_code == 202, drill.text
+    url = drill.headers["Location"]
+    flagged = wait_for(lambda: groups(job.api).get(2, {}).get("straggler"), 40, "group 2 flagged as a straggler")
+    assert flagged["slowdown"] > STRAGGLER_FACTOR and flagged["policy_action"] == "flag"
+    view = job.api.get("/api/v1/stragglers").json()
+    assert view["flagged"] == 2 and view["pattern"] == "persistent" and view["policy"] == "flag"
+    assert 'ftctl_straggler{group="2"} 1.0' in job.api.get("/metrics").text
+    with chromium() as driver:
+        driver.get(str(job.api.base_url))
+        badge = lambda: driver.find_element(By.CSS_SELECTOR, "#group-2 .badge.straggler")  # noqa: E731
+        wait_for(quietly(lambda: badge().is_displayed() and badge().text.startswith("straggler ×")), 20,
+                 "the straggler badge on group 2's card")
+        wait_for(quietly(lambda: "straggler flagged" in driver.find_element(By.ID, "events").text), 20,
+                 "the flag in the page's timeline")
+        assert not driver.find_element(By.CSS_SELECTOR, "#group-0 .badge.straggler").is_displayed()
+    report = wait_for(lambda: (d := job.api.get(url).json())["status"] != "running" and d, 90, "the drill to end")
+    assert report["status"] == "done", report
+    r = report["report"]
+    assert (r["detected_group"], r["others_flagged"], r["action"]) == (2, [], "flagged"), r
+    assert r["flagged_before"] is None and 0 < r["detect_s"] < 15 and r["slowdown"] > STRAGGLER_FACTOR
+    assert r["relative"] < 1
+    assert r["throughput"]["during"] < r["throughput"]["before"], r["throughput"]
+    assert r["cleared_at"] is not None, "cleared once the delay ended"
+    assert {g: v["restarts"] for g, v in groups(job.api).items()} == starts, "nobody was restarted"
+    assert groups(job.api)[2]["straggler"] is None
+
+
+def test_under_the_evict_policy_a_straggler_that_costs_more_than_its_share_is_evicted_for_good(job):
+    """The same delay under the drill's evict policy: slowing three groups by about 2× costs more
+    than losing one of them (1/3), so the group is ended as evicted, and its agent, which restarts
+    killed groups by itself here, leaves it down; a rejoin brings it back."""
+    wait_for(lambda: all_training(job.api), 240, "all three groups training")
+    d = json_out(ftctl(job.state, "drill", "straggler", "--group", "1", "--delay-ms", "300", "--duration", "15",
+                       "--policy", "evict", "--json"))
+    r = d["report"]
+    assert (d["status"], r["detected_group"], r["action"], r["ended"]) == ("done", 1, "evicted", None), r
+    assert r["keep_cost"] > r["evict_cost"] == pytest.approx(1 / 3) and "evicting pays" in r["detail"]
+    assert r["others_flagged"] == [] and r["throughput"]["after"] > 0
+    assert (groups(job.api)[1]["state"], groups(job.api)[1]["down_reason"]) == ("down", "evicted")
+    assert job.api.get("/api/v1/stragglers").json()["policy"] == "flag", "the job's own policy is back"
+    assert job.api.post("/api/v1/groups/1/rejoin", headers=AUTH).status_code == 200
+    wait_for(lambda: all_training(job.api), 240, "group 1 back after its rejoin")

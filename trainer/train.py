@@ -151,7 +151,7 @@ class RankTrainer:
         t_promoted = time.time()
         # from here on this process is the group's: a waiting spare must not cover the live group's beacon
         self.beacon = ProgressBeacon(cfg.events_dir, cfg.group, self.rank)
-        self.injected = InjectedFaults(cfg.events_dir, cfg.group, self.rank)
+        self.injected = InjectedFaults(cfg.events_dir, cfg.group)
 
         self.manager, self.transport = build_manager(cfg, self.live.load_state_dict, self.live.state_dict)
         self.manager.load_state_dict(self.manager_state)

@@ -88,7 +88,8 @@ class Agent:
         return {r: b.pid for r, b in beacons.items() if b is not None and b.pid in tree}
 
     def inject(self, request: InjectRequest) -> InjectResult:
-        """A drill's fault, now: SIGSTOP the ranks, or have them sleep inside their next step."""
+        """A drill's fault, now: SIGSTOP the ranks, or have them sleep inside their next step
+        (stuck) or before every forward for a while (slow)."""
         ranks = self.rank_pids()
         if request.rank is not None:
             ranks = {r: p for r, p in ranks.items() if r == request.rank}
@@ -104,7 +105,7 @@ class Agent:
             path = self.settings.events_dir / injection_file_name(self.settings.group)
             previous = read_injection(path)
             injection = Injection(id=(previous.id if previous else 0) + 1, kind=request.kind, rank=request.rank,
-                                  seconds=request.seconds)
+                                  pids=sorted(ranks.values()), seconds=request.seconds, delay_s=request.delay_ms / 1000, until=at + request.seconds)
             write_model(path, injection)
         return InjectResult(group=self.settings.group, kind=request.kind, ranks=sorted(ranks),
                             pids=sorted(ranks.values()), at=at)

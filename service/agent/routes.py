@@ -67,6 +67,13 @@ async def kill(agent: AgentDep) -> CommandResult:
     return await _run(agent, "kill", agent.supervisor.kill)
 
 
+@commands.post(command_path("evict"), response_model=CommandResult, responses={409: {}})
+async def evict(agent: AgentDep) -> CommandResult:
+    """SIGKILL the group's whole tree as a persistent straggler (409 if it is down); it is not
+    restarted by ``--auto-rejoin-delay-s``: a rejoin brings it back (its warm spare, if ready)."""
+    return await _run(agent, "evict", agent.supervisor.evict)
+
+
 @commands.post(command_path("stop"), response_model=CommandResult, responses={409: {}})
 async def stop(agent: AgentDep) -> CommandResult:
     """Stop the group gracefully (409 if it is down)."""

@@ -165,6 +165,10 @@ class GroupSupervisor:
         """SIGKILL the whole tree at once (torchrun and every rank), like losing the node."""
         return self._end_now("killed")
 
+    def evict(self) -> list[int]:
+        """SIGKILL the whole tree for good: the straggler policy, or an operator, evicted the group."""
+        return self._end_now("evicted", "the control plane evicted it; its agent does not restart it")
+
     def end_hung(self, verdict: str) -> None:
         """The watchdog's verdict: SIGCONT (a stopped rank dies at once), then SIGKILL, the whole tree.
         A group already being killed or stopped is left to that."""

@@ -26,8 +26,10 @@ from service.controlplane.ingest import Ingestor
 from service.controlplane.lighthouse import LighthouseClient
 from service.controlplane.liveness import LivenessMonitor
 from service.controlplane.metrics import JobMetrics, StateCollector
-from service.controlplane.routers import drills, events, goodput as goodput_router, groups, health, quorum
+from service.controlplane.routers import drills, events, goodput as goodput_router, groups, health, quorum, stragglers
 from service.controlplane.settings import ControlPlaneSettings
+from service.controlplane.straggler_policy import StragglerResponder
+from service.controlplane.stragglers import StragglerTracker
 
 
 def build_services(settings: ControlPlaneSettings) -> Services:
@@ -36,16 +38,18 @@ def build_services(settings: ControlPlaneSettings) -> Services:
     board = GroupBoard(store, settings.groups)
     bus = EventBus(settings.listener_capacity)
     metrics = JobMetrics(settings.groups)
+    tracker = StragglerTracker(settings.straggler_window, settings.straggler_factor, settings.straggler_policy,
+                               flagged=next((g for g, v in board.views.items() if v.straggler), None))
     agents = AgentClient(settings.agents, settings.token, settings.agent_timeout_s)
     control = GroupControl(agents, board)
     lighthouse = LighthouseClient(settings.lighthouse_api, settings.lighthouse_timeout_s, settings.token)
-    metrics.registry.register(StateCollector(board, store, metrics, project=lambda: goodput.projection(
+    metrics.registry.register(StateCollector(board, store, metrics, tracker, project=lambda: goodput.projection(
         store, board.median_step_s(), settings.classic_recovery_json, list(goodput.DEFAULT_GPUS),
         goodput.Assumptions())))
     return Services(
-        settings=settings, store=store, board=board, bus=bus, ingest=Ingestor(store, board, metrics, bus),
-        agents=agents, control=control, drills=DrillRunner(settings, store, bus, control, agents, lighthouse),
-        lighthouse=lighthouse,
+        settings=settings, store=store, board=board, bus=bus, ingest=Ingestor(store, board, metrics, bus, tracker),
+        agents=agents, control=control, drills=DrillRunner(settings, store, bus, control, agents, lighthouse, tracker),
+        lighthouse=lighthouse, stragglers=tracker,
         metrics_registry=metrics.registry,
     )
 
@@ -57,9 +61,11 @@ def create_app(settings: ControlPlaneSettings) -> FastAPI:
         app.state.services = services
         monitor = LivenessMonitor(services.board, services.agents, services.lighthouse, services.ingest,
                                   settings.liveness_interval_s, settings.lost_after_s)
-        liveness = asyncio.create_task(monitor.run())
+        background = [asyncio.create_task(monitor.run()),
+                      asyncio.create_task(StragglerResponder(services.bus, services.control).run())]
         yield
-        liveness.cancel()
+        for task in background:
+            task.cancel()
         await services.drills.cancel()
         await services.agents.aclose()
         await services.lighthouse.aclose()
@@ -97,4 +103,5 @@ def create_app(settings: ControlPlaneSettings) -> FastAPI:
     app.include_router(drills.router)
     app.include_router(drills.mutating, dependencies=auth)
     app.include_router(goodput_router.router)
+    app.include_router(stragglers.router)
     return app

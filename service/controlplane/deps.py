@@ -17,8 +17,9 @@ from service.controlplane.group_control import GroupControl
 from service.controlplane.groups import GroupBoard, GroupView
 from service.controlplane.ingest import Ingestor
 from service.controlplane.lighthouse import LighthouseClient
-from service.controlplane.models import GroupOut, HealOut, TransitionOut
+from service.controlplane.models import GroupOut, HealOut, StragglerOut, TransitionOut
 from service.controlplane.settings import ControlPlaneSettings
+from service.controlplane.stragglers import StragglerTracker
 
 
 @dataclass
@@ -32,6 +33,7 @@ class Services:
     control: GroupControl
     drills: DrillRunner
     lighthouse: LighthouseClient
+    stragglers: StragglerTracker
     metrics_registry: CollectorRegistry
 
 
@@ -60,6 +62,7 @@ GroupDep = Annotated[GroupView, Depends(_group_from_path)]
 def group_out(view: GroupView, with_transitions: bool = False) -> GroupOut:
     t = view.transition
     heal = view.last_heal
+    flag = view.straggler
     return GroupOut(
         group=view.group, state=view.state, down_reason=view.down_reason,
         since=t.ts if t else None, step=view.step, loss=view.loss, participants=view.participants,
@@ -67,6 +70,9 @@ def group_out(view: GroupView, with_transitions: bool = False) -> GroupOut:
         last_heal=HealOut(ts=heal.ts, step=heal.step, source_group=heal.source_group, bytes=heal.bytes,
                           fetch_s=heal.fetch_s, load_s=heal.load_s) if heal else None,
         pid=view.pid, restarts=max(0, view.starts - 1),
+        straggler=StragglerOut(since=flag.ts, slowdown=flag.slowdown, relative=flag.relative,
+                               individual=flag.individual, policy_action=flag.policy_action, detail=flag.detail)
+        if flag else None,
         transitions=[TransitionOut(state=h.state, reason=h.reason, ts=h.ts) for h in view.history]
         if with_transitions else None,
     )

@@ -1,7 +1,8 @@
 """Drills: scripted failures the control plane runs against the live job and reports on.
 
 One drill runs at a time, and holds the groups while it runs: kill-heal and hang
-(``kill_heal.py``), lighthouse (``lighthouse_drill.py``) or chaos (``chaos.py``). Each keeps its
+(``kill_heal.py``), lighthouse (``lighthouse_drill.py``), chaos (``chaos.py``) or straggler
+(``straggler_drill.py``; the straggler policy may still evict while it runs). Each keeps its
 report in the drills table as it goes, so a client polling it watches the phases; a drill that
 cannot go on ends ``failed`` with the phase and the reason.
 """
@@ -22,8 +23,10 @@ from service.controlplane.chaos import ChaosRun
 from service.controlplane.kill_heal import KillHealRun
 from service.controlplane.lighthouse import LighthouseClient
 from service.controlplane.lighthouse_drill import LighthouseRun
-from service.controlplane.models import ChaosReport, HangReport, KillHealReport, LighthouseReport
+from service.controlplane.models import ChaosReport, HangReport, KillHealReport, LighthouseReport, StragglerReport
 from service.controlplane.settings import ControlPlaneSettings
+from service.controlplane.straggler_drill import StragglerRun
+from service.controlplane.stragglers import StragglerTracker
 from service.controlplane.timeline import FaultTimeline
 
 log = logging.getLogger("controlplane.drills")
@@ -31,13 +34,14 @@ log = logging.getLogger("controlplane.drills")
 
 class DrillRunner:
     def __init__(self, settings: ControlPlaneSettings, store: Store, bus: EventBus, control: GroupControl,
-                 agents: AgentClient, lighthouse: LighthouseClient):
+                 agents: AgentClient, lighthouse: LighthouseClient, stragglers: StragglerTracker):
         self.settings = settings
         self.store = store
         self.bus = bus
         self.control = control
         self.agents = agents
         self.lighthouse = lighthouse
+        self.stragglers = stragglers
         self.task: asyncio.Task | None = None
         self.current_id: int | None = None
 
@@ -88,11 +92,21 @@ class DrillRunner:
             raise DrillConflict(f"chaos needs at least 2 groups training, {len(training)} are")
         return self._start("chaos", None, report, lambda ctx: ChaosRun(ctx, report).run())
 
-    def _start(self, kind: str, group: int | None, report: KillHealReport | LighthouseReport | ChaosReport,
+    def start_straggler(self, report: StragglerReport) -> int:
+        self._check_idle()
+        self.control.require_up(report.group)
+        training = [g for g, v in self.control.board.views.items() if v.state == "training"]
+        if report.group not in training or len(training) < 2:
+            raise DrillConflict(f"the straggler drill needs group {report.group} and another group training; "
+                                f"training now: {', '.join(map(str, training)) or 'none'}")
+        return self._start("straggler", report.group, report, lambda ctx: StragglerRun(ctx, report, self.stragglers).run())
+
+    def _start(self, kind: str, group: int | None,
+               report: KillHealReport | LighthouseReport | ChaosReport | StragglerReport,
                run: Callable[[DrillContext], Awaitable[None]]) -> int:
         drill_id = self.store.create_drill(kind, group, report.model_dump())
         self.current_id = drill_id
-        self.control.hold(drill_id)
+        self.control.hold(drill_id, kind)
 
         def save(status: str = "running", error: str | None = None) -> None:
             self.store.update_drill(drill_id, status, report.model_dump(), error)

@@ -29,19 +29,26 @@ class Rejoin:
         return self.agent.already_running
 
 
+@dataclass(frozen=True)
+class Eviction:
+    agent: CommandResult
+    replaced_by_spare: bool
+
+
 class GroupControl:
     def __init__(self, agents: AgentClient, board: GroupBoard):
         self.agents = agents
         self.board = board
         self.holder: int | None = None
+        self.holder_kind: str | None = None
 
-    def hold(self, drill_id: int) -> None:
+    def hold(self, drill_id: int, kind: str) -> None:
         """While drill ``drill_id`` runs, only it may command the groups."""
-        self.holder = drill_id
+        self.holder, self.holder_kind = drill_id, kind
 
     def release(self, drill_id: int) -> None:
         if self.holder == drill_id:
-            self.holder = None
+            self.holder = self.holder_kind = None
 
     def _check_holder(self, drill_id: int | None) -> None:
         if self.holder is not None and drill_id != self.holder:
@@ -61,6 +68,19 @@ class GroupControl:
         agent = await self.agents.command(group, "kill")
         self.board.force(group, "down", "killed", since=at)
         return agent
+
+    async def evict(self, group: int, drill_id: int | None = None) -> Eviction:
+        """End the group for good (down, ``evicted``: its agent will not restart it by itself); when
+        the agent keeps a ready warm spare, rejoin at once so the spare takes its place."""
+        at = time.time()
+        self.require_up(group)
+        self._check_holder(drill_id)
+        result = await self.agents.command(group, "evict")
+        self.board.force(group, "down", "evicted", since=at)
+        if result.status.spare != "ready":
+            return Eviction(result, replaced_by_spare=False)
+        await self._send_rejoin(group)
+        return Eviction(result, replaced_by_spare=True)
 
     async def inject(self, group: int, request: InjectRequest, drill_id: int) -> InjectResult:
         """A drill's fault other than a kill; the group's own events tell what follows."""

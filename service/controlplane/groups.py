@@ -15,7 +15,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
-from protocol.events import Event, HealEvent, ProcessEvent, StartEvent, StepEvent, speaks_for_group
+from protocol.events import Event, HealEvent, ProcessEvent, StartEvent, StepEvent, StragglerEvent, speaks_for_group
 from service.controlplane.db import Store
 
 State = Literal["starting", "joining", "healing", "training", "down"]
@@ -69,6 +69,8 @@ class GroupView:
     last_event_ts: float | None = None
     last_heal: HealEvent | None = None
     pid: int | None = None
+    straggler: StragglerEvent | None = None
+    """the detector's flag, while it stands"""
     starts: int = 0
     history: list[Transition] = field(default_factory=list)
 
@@ -94,6 +96,8 @@ class GroupView:
             case ProcessEvent(action="started"):
                 self.pid = event.pid
                 self.starts += 1
+            case StragglerEvent():
+                self.straggler = event if event.action == "flagged" else None
 
     def apply(self, transition: Transition) -> None:
         self.transition = transition
@@ -113,7 +117,7 @@ class GroupBoard:
         for g, view in self.views.items():
             for t in self.store.transitions(g):
                 view.apply(Transition(t["state"], t["reason"], t["ts"]))
-            for type_, rank, where in (("process", None, None), ("heal", 0, None),
+            for type_, rank, where in (("process", None, None), ("heal", 0, None), ("straggler", None, None),
                                        ("step", 0, "json_extract(body, '$.committed') = 1")):
                 latest = self.store.latest_event(g, type_, rank=rank, where_json=where)
                 if latest is not None:

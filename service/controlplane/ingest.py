@@ -2,8 +2,8 @@
 
 Each event is validated on its own (a bad one is rejected and counted, the rest go on), the
 batch is stored in one transaction, and then every stored event, in order, moves its group's
-state on the board (``groups.py``), the metrics, and the listeners on the bus (the SSE stream,
-a running drill).
+state on the board (``groups.py``), the metrics, the straggler detector (whose verdicts are
+recorded as events in turn) and the listeners on the bus (the SSE stream, a running drill).
 """
 
 from __future__ import annotations
@@ -16,14 +16,17 @@ from service.controlplane.bus import EventBus, StoredEvent
 from service.controlplane.db import Store
 from service.controlplane.groups import GroupBoard
 from service.controlplane.metrics import JobMetrics
+from service.controlplane.stragglers import StragglerTracker
 
 
 class Ingestor:
-    def __init__(self, store: Store, board: GroupBoard, metrics: JobMetrics, bus: EventBus):
+    def __init__(self, store: Store, board: GroupBoard, metrics: JobMetrics, bus: EventBus,
+                 stragglers: StragglerTracker):
         self.store = store
         self.board = board
         self.metrics = metrics
         self.bus = bus
+        self.stragglers = stragglers
 
     def ingest(self, batch: IngestBatch) -> IngestResult:
         accepted: list[Event] = []
@@ -42,9 +45,13 @@ class Ingestor:
 
     def record(self, events: list[Event]) -> None:
         """Store valid events and fold them into the board, the metrics and the bus: an agent's,
-        or one the control plane decided itself (a lost group)."""
+        or one the control plane decided itself (a lost group, a straggler)."""
         ids = self.store.add_events(events)
+        verdicts = []
         for event_id, event in zip(ids, events):
             self.metrics.observe(event)
             self.board.observe(event)
+            verdicts += self.stragglers.observe(event)
             self.bus.publish(StoredEvent(event_id, event))
+        if verdicts:
+            self.record(verdicts)

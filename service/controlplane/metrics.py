@@ -23,6 +23,7 @@ from protocol.events import (
     ProcessEvent,
     QuorumEvent,
     StepEvent,
+    StragglerEvent,
     speaks_for_group,
 )
 from service.controlplane.db import Store
@@ -30,11 +31,12 @@ from service.controlplane.errors import DomainError
 from service.controlplane.fingerprints import FingerprintBook
 from service.controlplane.goodput import GoodputOut
 from service.controlplane.groups import STATES, GroupBoard
+from service.controlplane.stragglers import Pattern, StragglerTracker
 
 STEP_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10)
 CODES = ("unknown", *STATES)  # dashboards/quorum.py maps these numbers back to names
 HEAL_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120)
-DRILL_KINDS = ("kill-heal", "hang", "lighthouse", "chaos")
+DRILL_KINDS = ("kill-heal", "hang", "lighthouse", "chaos", "straggler")
 FAULT_CLASSES = {"crash": ("kill-heal", "survivors_resume_s"), "hang": ("hang", "survivors_resume_s"),
                  "lighthouse": ("lighthouse", "max_pause_s")}
 """Fault class → the drill that measures it, and its report's key for "the job trains again"
@@ -70,11 +72,13 @@ class JobMetrics:
                                       ["group"], registry=r)
         self.checkpoint_seconds = Histogram("ftctl_checkpoint_save_seconds", "checkpoint save time",
                                             buckets=HEAL_BUCKETS, registry=r)
+        self.stragglers = Counter("ftctl_stragglers_flagged_total", "times the detector flagged a group as a "
+                                  "persistent straggler", ["group"], registry=r)
         self.events = Counter("ftctl_events_received_total", "events accepted from agents", registry=r)
         self.rejected = Counter("ftctl_events_rejected_total", "events refused as invalid", registry=r)
         for g in map(str, range(groups)):
             for per_group in (self.compute, self.allreduce, self.commits, self.commit_failures, self.heals,
-                              self.heal_seconds, self.heal_bytes, self.starts, self.quorum_changes):
+                              self.heal_seconds, self.heal_bytes, self.starts, self.quorum_changes, self.stragglers):
                 per_group.labels(g)
             for reason in get_args(ExitKind):
                 self.exits.labels(g, reason)
@@ -92,6 +96,8 @@ class JobMetrics:
                 self.exits.labels(g, reason).inc()
             case FingerprintEvent():
                 self._fingerprint(e)
+            case StragglerEvent(action="flagged"):
+                self.stragglers.labels(g).inc()
             case _ if not speaks_for_group(e):
                 pass
             case StepEvent():
@@ -118,11 +124,13 @@ class JobMetrics:
 class StateCollector:
     """Gauges read at scrape time from the board and the store."""
 
-    def __init__(self, board: GroupBoard, store: Store, metrics: JobMetrics, project: Callable[[], GoodputOut]):
+    def __init__(self, board: GroupBoard, store: Store, metrics: JobMetrics, stragglers: StragglerTracker,
+                 project: Callable[[], GoodputOut]):
         """``project()`` raises a DomainError when there is nothing to project yet."""
         self.board = board
         self.store = store
         self.metrics = metrics
+        self.stragglers = stragglers
         self.project = project
 
     def collect(self):
@@ -157,6 +165,7 @@ class StateCollector:
             if v.quorum_id is not None:
                 quorum.add_metric([g], v.quorum_id)
         yield from (state, code, up, step, lag, loss, parts, quorum)
+        yield from self._stragglers()
         yield GaugeMetricFamily("ftctl_fingerprint_mismatch",
                                 "1 when groups reported different state fingerprints at the same step",
                                 value=self.metrics.fingerprint_mismatch)
@@ -169,6 +178,28 @@ class StateCollector:
             dropped.add_metric([str(g)], stats.get(g, {}).get("agent_dropped", 0))
         yield dropped
         yield from self._drills()
+
+    def _stragglers(self):
+        """Every group has its flag; the ratios exist for the groups in the detector's last verdict."""
+        t = self.stragglers
+        flagged = GaugeMetricFamily("ftctl_straggler", "1 while the detector flags the group as a persistent "
+                                    "straggler", labels=["group"])
+        for g in self.board.views:
+            flagged.add_metric([str(g)], 1.0 if g == t.flagged else 0.0)
+        slowdown = GaugeMetricFamily("ftctl_straggler_slowdown_ratio", "the group's median compute over its peers' "
+                                     "median, over the detector's window", labels=["group"])
+        scores = GaugeMetricFamily("ftctl_straggler_score_ratio", "NVRx-style scores: relative (fastest group's "
+                                   "median over this one's), individual (its best median over its current one)",
+                                   labels=["group", "score"])
+        for g, s in t.verdict.scores.items():
+            slowdown.add_metric([str(g)], s.slowdown)
+            scores.add_metric([str(g), "relative"], s.relative)
+            scores.add_metric([str(g), "individual"], s.individual)
+        pattern = GaugeMetricFamily("ftctl_straggler_pattern", "1 for the detector's current verdict: none, "
+                                    "persistent (one group) or rotating (the slow group changes)", labels=["pattern"])
+        for name in get_args(Pattern):
+            pattern.add_metric([name], 1.0 if t.verdict.pattern == name else 0.0)
+        yield from (flagged, slowdown, scores, pattern)
 
     def _fault_classes(self):
         detect = GaugeMetricFamily("ftctl_fault_detect_seconds", "the last drill of each fault class: fault → "

@@ -27,10 +27,22 @@ class HealOut(BaseModel):
     load_s: float
 
 
+class StragglerOut(BaseModel):
+    """The straggler detector flagged this group (its ``flagged`` event)."""
+
+    since: float
+    slowdown: float | None = Field(description="its median compute over its peers' median")
+    relative: float | None = Field(description="the fastest group's median compute over this group's")
+    individual: float | None = Field(description="this group's best median compute over its current one")
+    policy_action: Literal["flag", "evict"] | None
+    detail: str
+
+
 class GroupOut(BaseModel):
     group: int
     state: Literal["unknown", "starting", "joining", "healing", "training", "down"]
-    down_reason: ExitKind | None = Field(None, description="killed, crashed, hung, lost, stopped or finished, when down")
+    down_reason: ExitKind | None = Field(None, description="killed, crashed, hung, lost, evicted, stopped or finished, "
+                                         "when down")
     since: float | None = Field(None, description="when the group entered its state")
     step: int | None = Field(None, description="last committed step its rank 0 reported")
     loss: float | None = None
@@ -41,6 +53,7 @@ class GroupOut(BaseModel):
     last_heal: HealOut | None = None
     pid: int | None = None
     restarts: int = 0
+    straggler: StragglerOut | None = Field(None, description="set while the detector flags the group")
     transitions: list[TransitionOut] | None = Field(None, description="every transition (GET /groups/{g} only)")
 
 
@@ -86,9 +99,10 @@ class EventPage(BaseModel):
 
 class CommandOut(BaseModel):
     group: int
-    action: Literal["kill", "rejoin"]
+    action: Literal["kill", "rejoin", "evict"]
     group_state: GroupOut
     agent: CommandResult
+    replaced_by_spare: bool | None = Field(None, description="evict: the group's warm spare was promoted at once")
 
 
 class KillHealIn(BaseModel):
@@ -137,7 +151,22 @@ class ChaosIn(BaseModel):
     baseline_s: float = Field(20.0, gt=0, description="failure-free measurement before the chaos")
 
 
-DrillIn = Annotated[Union[KillHealIn, HangIn, LighthouseIn, ChaosIn], Field(discriminator="kind")]
+class StragglerIn(BaseModel):
+    """Slow one group down at run time (a sleep before every forward); the detector must name it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["straggler"]
+    group: int = Field(ge=0)
+    delay_ms: float = Field(30.0, gt=0, le=60_000, description="the sleep before every forward")
+    duration_s: float = Field(30.0, gt=0, le=3600, description="how long the group stays slow")
+    baseline_s: float = Field(10.0, gt=0, le=3600, description="throughput measured before")
+    after_s: float = Field(10.0, gt=0, le=3600, description="throughput measured after")
+    policy: Literal["flag", "evict"] | None = Field(None, description="the straggler policy while the drill runs "
+                                                     "(default: the job's --straggler-policy)")
+
+
+DrillIn = Annotated[Union[KillHealIn, HangIn, LighthouseIn, ChaosIn, StragglerIn], Field(discriminator="kind")]
 
 
 class ChaosKill(BaseModel):
@@ -248,6 +277,62 @@ class LighthouseReport(BaseModel):
     fingerprints_equal: bool | None = None
 
 
+class StragglerReport(BaseModel):
+    """What a straggler drill measured. Times are Unix seconds; *_s are durations; throughput in
+    committed replica-batches per second."""
+
+    group: int
+    delay_ms: float
+    duration_s: float
+    baseline_s: float
+    after_s: float
+    policy: Literal["flag", "evict"]
+    phase: str = "starting"
+    injected_at: float | None = None
+    flagged_before: int | None = Field(None, description="the group the detector flagged already when the delay began")
+    detected_group: int | None = Field(None, description="the first group the detector flagged after the injection")
+    detected_at: float | None = None
+    detect_s: float | None = Field(None, description="injection → flagged")
+    relative: float | None = None
+    individual: float | None = None
+    slowdown: float | None = None
+    slowest_share: float | None = None
+    keep_cost: float | None = Field(None, description="share of the throughput keeping it costs: 1 - 1/slowdown")
+    evict_cost: float | None = Field(None, description="share of the throughput evicting it costs: 1/groups")
+    action: Literal["none", "flagged", "evicted"] | None = Field(
+        None, description="none: never flagged; flagged: flagged and kept; evicted: the policy ended it")
+    detail: str | None = Field(None, description="the detector's reason, and which side of the eviction line")
+    others_flagged: list[int] = Field(default_factory=list, description="other groups flagged meanwhile: none is "
+                                      "the goal")
+    evicted_at: float | None = None
+    ended: str | None = Field(None, description="the group went down otherwise meanwhile (hung: the delay was over "
+                              "its hang watchdog's step bound), with the reason")
+    cleared_at: float | None = Field(None, description="the detector cleared the group")
+    throughput: dict[str, float | None] = Field(default_factory=dict, description="before, during, after")
+    median_step_s: dict[str, float | None] = Field(default_factory=dict, description="before, during, after")
+
+
+class StragglerScoreOut(BaseModel):
+    group: int
+    compute_s: float = Field(description="median compute time over the window")
+    wait_s: float = Field(description="median wait in the cross-group all-reduce over the window")
+    relative: float = Field(description="the fastest group's median compute over this group's")
+    individual: float = Field(description="this group's best median compute over its current one")
+    slowest_share: float = Field(description="share of the window's steps in which it computed longest")
+    slowdown: float = Field(description="its median compute over the median of the other groups' medians")
+
+
+class StragglersOut(BaseModel):
+    pattern: Literal["none", "persistent", "rotating"] = Field(
+        description="persistent: the same group is slow step after step; rotating: the slow group changes")
+    flagged: int | None = Field(description="the group flagged as a persistent straggler")
+    slowdown: float | None = Field(description="how much it slows every group")
+    policy: Literal["flag", "evict"]
+    factor: float
+    window: int
+    groups: list[StragglerScoreOut] = Field(description="every training group with a full window")
+
+
 class DrillOut(BaseModel):
     id: int
     kind: str
@@ -258,7 +343,7 @@ class DrillOut(BaseModel):
     error: str | None = None
     fingerprints_equal: bool | None = None
     goodput: float | None = None
-    report: HangReport | KillHealReport | LighthouseReport | ChaosReport
+    report: HangReport | KillHealReport | LighthouseReport | ChaosReport | StragglerReport
 
 
 class DrillList(BaseModel):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -40,6 +41,13 @@ class ControlPlaneSettings(BaseSettings):
                                    "client, a drill) before it misses some; ingestion never waits")
     liveness_interval_s: float = Field(1.0, gt=0, description="how often every group's agent is asked whether it "
                                        "is there (and the Lighthouse for heartbeats)")
-    lost_after_s: float = Field(3.0, gt=0, description="a group whose agent has not answered this long, and "
+    lost_after_s: float = Field(2.0, gt=0, description="a group whose agent has not answered this long, and "
                                 "whose heartbeat the Lighthouse dropped, is down (lost)")
+    straggler_window: int = Field(10, ge=3, le=1000, description="committed steps of each group the straggler "
+                                  "detector looks at")
+    straggler_factor: float = Field(1.15, gt=1, description="a group computing this much longer than its peers' "
+                                    "median, and waiting least, is a straggler")
+    straggler_policy: Literal["flag", "evict"] = Field(
+        "flag", description="flag: show it; evict: also end it (a warm spare takes its place) when keeping it costs "
+        "more of the throughput than losing it")
     stream_keepalive_s: float = Field(10.0, gt=0, description="an idle event stream sends a comment this often")

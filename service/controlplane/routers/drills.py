@@ -15,13 +15,16 @@ from service.controlplane.models import (
     KillHealReport,
     LighthouseIn,
     LighthouseReport,
+    StragglerIn,
+    StragglerReport,
 )
 
 router = APIRouter(prefix="/api/v1/drills", tags=["drills"])
 mutating = APIRouter(prefix="/api/v1/drills", tags=["drills"])
 
 
-REPORTS = {"kill-heal": KillHealReport, "hang": HangReport, "lighthouse": LighthouseReport, "chaos": ChaosReport}
+REPORTS = {"kill-heal": KillHealReport, "hang": HangReport, "lighthouse": LighthouseReport, "chaos": ChaosReport,
+           "straggler": StragglerReport}
 
 
 def drill_out(row: dict) -> DrillOut:
@@ -41,6 +44,10 @@ async def start_drill(body: DrillIn, response: Response, s: ServicesDep) -> Dril
         drill_id = s.drills.start_hang(body.group, body.rank, body.mode, body.timeout_s)
     elif isinstance(body, LighthouseIn):
         drill_id = s.drills.start_lighthouse(body.down_s, body.timeout_s)
+    elif isinstance(body, StragglerIn):
+        find_group(s, body.group)
+        drill_id = s.drills.start_straggler(StragglerReport(**body.model_dump(exclude={"kind", "policy"}),
+                                                            policy=body.policy or s.settings.straggler_policy))
     else:
         drill_id = s.drills.start_chaos(ChaosReport(**body.model_dump(exclude={"kind"})))
     response.headers["Location"] = f"/api/v1/drills/{drill_id}"

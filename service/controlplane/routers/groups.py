@@ -35,6 +35,15 @@ async def kill_group(view: GroupDep, s: ServicesDep) -> CommandOut:
     return CommandOut(group=view.group, action="kill", group_state=group_out(view), agent=agent)
 
 
+@mutating.post("/{group}/evict", response_model=CommandOut, responses={404: {}, 409: {}, 502: {}, 503: {}})
+async def evict_group(view: GroupDep, s: ServicesDep) -> CommandOut:
+    """End the group for good, as the straggler policy does: down (evicted), never restarted by
+    its agent; a warm spare, when its agent has one ready, takes its place at once."""
+    eviction = await s.control.evict(view.group)
+    return CommandOut(group=view.group, action="evict", group_state=group_out(view), agent=eviction.agent,
+                      replaced_by_spare=eviction.replaced_by_spare)
+
+
 @mutating.post("/{group}/rejoin", response_model=CommandOut, responses={404: {}, 409: {}, 502: {}, 503: {}})
 async def rejoin_group(view: GroupDep, s: ServicesDep) -> CommandOut:
     """Start a group that is down again; it joins the quorum and heals from a live peer."""

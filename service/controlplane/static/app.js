@@ -1,7 +1,7 @@
 // The control plane's own live page: no framework, no CDN, everything from this server.
 "use strict";
 const COLORS = ["#58a6ff", "#3fb950", "#d29922", "#bc8cff", "#f85149", "#39c5cf"];
-const NOTABLE = new Set(["process", "heal", "quorum", "commit_failed", "checkpoint", "exit"]);
+const NOTABLE = new Set(["process", "heal", "quorum", "commit_failed", "checkpoint", "exit", "straggler"]);
 const series = { loss: new Map(), step_s: new Map() };  // group -> [[step, value]]
 const $ = (id) => document.getElementById(id);
 const tokenInput = $("token");
@@ -34,7 +34,7 @@ function renderGroups(groups) {
     if (!card) {
       card = document.createElement("article");
       card.id = `group-${g.group}`;
-      card.innerHTML = `<h3><span>group ${g.group}</span><span class="state"></span></h3><div class="step"></div>
+      card.innerHTML = `<h3><span>group ${g.group}</span><span class="badge straggler" hidden></span><span class="state"></span></h3><div class="step"></div>
         <div class="meta"></div><div class="actions"><button class="kill">Kill</button><button class="ghost rejoin">Rejoin</button></div>`;
       card.querySelector(".kill").addEventListener("click", () => command(g.group, "kill"));
       card.querySelector(".rejoin").addEventListener("click", () => command(g.group, "rejoin"));
@@ -45,6 +45,12 @@ function renderGroups(groups) {
     const state = card.querySelector(".state");
     state.className = `state ${g.state}`;
     state.textContent = g.state + (g.down_reason ? ` · ${g.down_reason}` : "");
+    const badge = card.querySelector(".badge.straggler");
+    badge.hidden = !g.straggler;
+    if (g.straggler) {
+      badge.textContent = `straggler ×${(g.straggler.slowdown ?? 1).toFixed(2)}`;
+      badge.title = g.straggler.detail;
+    }
     card.querySelector(".step").textContent = g.step ?? "–";
     const heal = g.last_heal ? `last heal: step ${g.last_heal.step} from g${g.last_heal.source_group}, ` +
       `${(g.last_heal.bytes / 2 ** 20).toFixed(0)} MiB in ${g.last_heal.fetch_s.toFixed(2)}s, ${age(g.last_heal.ts)} ago` : "no heal yet";
@@ -99,6 +105,7 @@ function describe(e) {
     case "commit_failed": return `step ${e.step} not committed${e.error ? ": " + e.error.slice(0, 80) : ""}`;
     case "checkpoint": return `checkpoint ${e.action} at step ${e.step} (${e.seconds.toFixed(2)}s)`;
     case "exit": return `exit: ${e.reason} at step ${e.step}`;
+    case "straggler": return `straggler ${e.action}: ${e.detail}`;
     default: return e.type;
   }
 }
@@ -163,13 +170,14 @@ async function refresh() {
 
 async function start() {
   const since = Date.now() / 1000 - 600;
-  for (const type of ["step", "process", "heal", "quorum", "commit_failed", "checkpoint"]) {
+  const shown = ["step", ...NOTABLE];  // the charts' steps and the timeline's kinds
+  for (const type of shown) {
     const page = await api("GET", `/api/v1/events?type=${type}&since=${since}&limit=1000`);
     (page?.events || []).forEach(ingest);
   }
   const stream = new EventSource("/api/v1/events/stream");
   stream.onmessage = (m) => ingest(JSON.parse(m.data));
-  for (const type of ["step", "process", "heal", "quorum", "commit_failed", "checkpoint", "exit"]) {
+  for (const type of shown) {
     stream.addEventListener(type, (m) => ingest(JSON.parse(m.data)));
   }
   $("drill").addEventListener("click", async () => {
