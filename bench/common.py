@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import datetime
+import json
 import os
 import statistics
 import subprocess
@@ -17,9 +19,20 @@ from service.proctree import end_tree
 from protocol.torchrun import free_port
 
 REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "bench" / "results"
 TOKEN = "bench-token"
 STOP_GRACE_S = 120.0
 """`ftctl up` stops agents (each its group), the control plane and the Lighthouse in turn."""
+
+
+def write_result(name: str, settings: dict, **payload) -> Path:
+    """``bench/results/{name}-{UTC time}.json`` with the settings, the core count and the date."""
+    now = datetime.datetime.now(datetime.timezone.utc)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    out = RESULTS / f"{name}-{now:%Y%m%dT%H%M%SZ}.json"
+    out.write_text(json.dumps({"settings": settings, "cores": os.cpu_count(), "date": now.isoformat(), **payload},
+                              indent=1))
+    return out
 
 
 def job_parser(doc: str | None, group_counts: bool = False) -> argparse.ArgumentParser:

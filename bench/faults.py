@@ -12,17 +12,13 @@ bench/results/ with the settings, core count and date.
 
 from __future__ import annotations
 
-import datetime
-import json
-import os
 import tempfile
 import time
 from pathlib import Path
 
-from bench.common import REPO, Up, add_recovery_options, describe_recovery, job_parser, recovery_settings, spread
+from bench.common import REPO, Up, add_recovery_options, describe_recovery, job_parser, recovery_settings, spread, write_result
 
 FAULTS = ("kill", "hang", "lighthouse")
-RESULTS = REPO / "bench" / "results"
 
 
 def drill_body(fault: str, victim: int | None) -> dict:
@@ -102,12 +98,7 @@ def main() -> None:
     add_recovery_options(parser)
     args = parser.parse_args()
     rows = [row for groups in args.groups for row in run_groups(args, groups)]
-    now = datetime.datetime.now(datetime.timezone.utc)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    out = RESULTS / f"faults-{now:%Y%m%dT%H%M%SZ}.json"
-    out.write_text(json.dumps({"settings": {**{k: v for k, v in vars(args).items()},
-                                            "recovery": describe_recovery(args)},
-                               "cores": os.cpu_count(), "date": now.isoformat(), "runs": rows}, indent=1))
+    out = write_result("faults", {**vars(args), "recovery": describe_recovery(args)}, runs=rows)
     summarize(rows)
     print(f"\nwrote {out.relative_to(REPO)}")
 

@@ -1,11 +1,15 @@
-"""Steady-state cost of torchft: HSDP through torchft vs the same HSDP with a plain process group.
+"""Steady-state cost of torchft and of the gradient check: HSDP through torchft with the check
+on and off, against the same HSDP with a plain process group.
 
-    python -m bench.overhead --steps 60
+    python -m bench.overhead --steps 60 --repeats 2
 
 Same model, ranks, data and batch: `ftctl up` (G groups × K ranks, torchft Manager across
-groups) against bench/classic_trainer.py (one torchrun job, FSDP2's 2-D mesh, no torchft).
-Reports median step times, their ratio, and the per-step torchft costs (should_commit +
-optimizer, and waiting on the cross-group all-reduce, which includes the async quorum).
+groups) with the gradient check (the default) and with ``--no-sdc-check``, taken in turn
+``--repeats`` times so that drift of this machine hits both alike, then
+bench/classic_trainer.py (one torchrun job, FSDP2's 2-D mesh, no torchft). Reports median
+step times, the check's share of the step, torchft's cost over plain HSDP, and the per-step
+torchft costs (should_commit + optimizer; waiting on the cross-group collectives, which
+includes the async quorum). Writes bench/results/overhead-*.json.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import tempfile
 from pathlib import Path
 
 from bench.classic import ClassicJob
-from bench.common import job_parser
+from bench.common import REPO, job_parser, write_result
 from bench.step_time import measure
 
 
@@ -35,16 +39,30 @@ def main() -> None:
     parser = job_parser(__doc__)
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--repeats", type=int, default=2, help="check-on and check-off jobs, taken in turn")
     parser.add_argument("--trainer-arg", action="append", default=[])
     args = parser.parse_args()
-    ft = measure(args.groups, args.ranks_per_group, args.steps, args.warmup, args.trainer_arg)
+    runs: dict[str, list[dict]] = {"check": [], "no_check": []}
+    for _ in range(args.repeats):
+        for name, flags in (("check", []), ("no_check", ["--no-sdc-check"])):
+            runs[name].append(measure(args.groups, args.ranks_per_group, args.steps, args.warmup,
+                                      [*args.trainer_arg, *flags]))
+            print(f"  {name:<9} step {runs[name][-1]['step_s']:.3f} s", flush=True)
     classic = classic_step_time(args.groups, args.ranks_per_group, args.steps, args.warmup, args.trainer_arg)
+    on, off = (statistics.median(r["step_s"] for r in runs[name]) for name in ("check", "no_check"))
+    share = on / off - 1
+    ft = runs["check"][0]
     print(f"{args.groups} groups × {args.ranks_per_group} ranks, {args.steps} steps after {args.warmup} warm-up, "
-          f"trainer args {args.trainer_arg or 'default'}")
-    print(f"  torchft HSDP step   {ft['step_s']:.3f} s (compute {ft['compute_s']:.3f}, all-reduce wait "
+          f"{args.repeats} repeat(s), trainer args {args.trainer_arg or 'default'}")
+    print(f"  torchft HSDP step, check on    {on:.3f} s (compute {ft['compute_s']:.3f}, cross-group wait "
           f"{ft['allreduce_s']:.3f}, should_commit+optimizer {ft['commit_s']:.3f})")
-    print(f"  plain HSDP step     {classic:.3f} s")
-    print(f"  ratio               {ft['step_s'] / classic:.3f}  (torchft costs {100 * (ft['step_s'] / classic - 1):+.1f}%)")
+    print(f"  torchft HSDP step, check off   {off:.3f} s")
+    print(f"  the gradient check costs       {100 * share:+.1f}% of the step")
+    print(f"  plain HSDP step                {classic:.3f} s")
+    print(f"  torchft (check on) costs       {100 * (on / classic - 1):+.1f}% over plain HSDP")
+    out = write_result("overhead", vars(args), runs=runs, classic_step_s=classic, check_step_s=on,
+                       no_check_step_s=off, check_share=share)
+    print(f"wrote {out.relative_to(REPO)}")
 
 
 if __name__ == "__main__":

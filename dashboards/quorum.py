@@ -99,6 +99,12 @@ def panels() -> list:
               "and 1 while a group is flagged as a persistent straggler.")
         .with_target(query("A", f"ftctl_straggler_slowdown_ratio{{{G}}}", "slowdown g{{group}}"))
         .with_target(query("B", f"ftctl_straggler{{{G}}}", "flagged g{{group}}")).min(0),
+        place(timeseries.Panel(), 16, 0, 44, 24, 6, "Gradient check",
+              "Each group's own gradient norm before it crosses groups, and the gradient check's incidents "
+              "(10-minute increase, by verdict): each skipped the step in every group.")
+        .with_target(query("A", f"ftctl_gradient_norm{{{G}}}", "norm g{{group}}"))
+        .with_target(query("B", f"sum by (group, verdict) (increase(ftctl_sdc_incidents_total{{{G}}}[10m]))",
+                           "{{verdict}} g{{group}}")).min(0),
     ]
 
 
@@ -113,6 +119,7 @@ def build() -> db.Dashboard:
         .annotation(annotation("Kills", "red", 'sum(increase(ftctl_group_exits_total{reason="killed"}[30s])) > 0'))
         .annotation(annotation("Rejoins", "blue", "sum(increase(ftctl_group_starts_total[30s])) > 0"))
         .annotation(annotation("Heals", "orange", "sum(increase(ftctl_heals_total[30s])) > 0"))
+        .annotation(annotation("Gradient check", "purple", "sum(increase(ftctl_sdc_incidents_total[30s])) > 0"))
     )
     for panel in panels():
         dash = dash.with_panel(panel)

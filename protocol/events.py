@@ -12,12 +12,19 @@ from typing import Annotated, Literal, Union, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
-ExitKind = Literal["killed", "crashed", "hung", "lost", "evicted", "stopped", "finished"]
+ExitKind = Literal["killed", "crashed", "hung", "lost", "evicted", "quarantined", "stopped", "finished"]
 """How a group's processes ended, as its agent saw it: the reason a group is down. ``hung``:
 its agent's watchdog ended it (the event's detail says why). ``lost``: the control plane's
 verdict, not the agent's: the agent does not answer and the Lighthouse has no heartbeat from
 the group (a node lost with everything on it). ``evicted``: the control plane ended it as a
-persistent straggler (``--straggler-policy evict``)."""
+persistent straggler (``--straggler-policy evict``). ``quarantined``: its ranks left after the gradient check
+found a persistent silent data corruption in them (``trainer/gradient_check.py``); like an evicted
+group it is not restarted by itself, its warm spare takes its place."""
+Verdict = Literal["transient", "persistent", "data"]
+"""The gradient check's attribution of an abnormal gradient norm, as Megatron's rerun state
+machine attributes one: the flagged group's rerun of the batch was normal (``transient``); it was
+abnormal again and another group's rerun of that batch was normal (``persistent``: the flagged
+group's hardware); or both were abnormal (``data``: the batch itself)."""
 
 
 class GroupEvent(BaseModel):
@@ -73,7 +80,8 @@ class StepEvent(BaseEvent):
     lr: float
     step_s: float = Field(description="wall time of the whole step")
     compute_s: float = Field(description="forward, backward and optimizer, minus the waits")
-    allreduce_s: float = Field(description="waiting on the cross-group gradient all-reduce")
+    allreduce_s: float = Field(description="waiting on the cross-group collectives: the gradient all-reduce and "
+                               "the gradient check's exchange of norms")
     commit_s: float = Field(description="should_commit: agreeing inside and across groups")
     quorum_id: int
     participants: int
@@ -81,8 +89,22 @@ class StepEvent(BaseEvent):
     healed: bool = Field(description="this step loaded state fetched from a peer")
     batches_committed: int = Field(description="torchft's count of replica-batches committed")
     batches_skipped: int = Field(
-        description="rank-batches never trained because their group was not participating"
+        description="rank-batches never trained: their group was not participating, or the step was skipped"
     )
+    grad_norm: float | None = Field(
+        None, description="this group's own gradient norm before it crossed groups (the gradient check; null "
+        "when the check is off or the norm was not finite)")
+    clip_norm: float | None = Field(
+        None, description="--max-norm: norm of the averaged gradient, over every group, that clipping scaled by")
+    shard_grad_norm: float | None = Field(
+        None, description="norm of this rank's shard of the averaged gradient the optimizer was given; set while "
+        "a drill watches the group (the group's norm is the root of the ranks' squares)")
+    shard_update_norm: float | None = Field(
+        None, description="norm of this rank's shard of the parameter update the step applied; set while a drill "
+        "watches the group")
+    skipped: bool = Field(False, description="committed without an optimizer step: a gradient failed the check")
+    rerun_s: float = Field(0.0, description="a failed gradient check's reruns (in compute_s too; the norms' "
+                           "exchanges are in allreduce_s)")
 
 
 class QuorumEvent(BaseEvent):
@@ -136,8 +158,9 @@ class FingerprintEvent(BaseEvent):
 
 class ExitEvent(BaseEvent):
     type: Literal["exit"] = "exit"
-    reason: Literal["done", "stopped", "error", "lighthouse-away"] = Field(
-        description="lighthouse-away: no quorum within --quorum-timeout-s and the Lighthouse takes no connection")
+    reason: Literal["done", "stopped", "error", "lighthouse-away", "quarantined"] = Field(
+        description="lighthouse-away: no quorum within --quorum-timeout-s and the Lighthouse takes no connection; "
+        "quarantined: the gradient check attributed a persistent corruption to this group")
     step: int
     error: str | None = None
     events_dropped: int = Field(0, description="events this rank dropped: its queue was full")
@@ -160,6 +183,25 @@ class StragglerEvent(GroupEvent):
     keep_cost: float | None = Field(None, description="share of the throughput keeping it costs: 1 - 1/slowdown")
     evict_cost: float | None = Field(None, description="share of the throughput evicting it costs: 1/groups")
     detail: str
+
+
+class SdcEvent(BaseEvent):
+    """The gradient check found an abnormal norm and every group skipped the step; written by
+    rank 0 of the flagged group once the reruns attributed it. Norms are null where not finite."""
+
+    type: Literal["sdc"] = "sdc"
+    step: int = Field(description="the step whose batch was checked (its optimizer step skipped everywhere)")
+    norms: dict[int, float | None] = Field(description="group → its gradient norm before crossing groups")
+    reference_norm: float | None = Field(description="median norm of the groups not flagged")
+    factor: float = Field(description="a norm above factor × the others' median is abnormal")
+    rerun_norm: float | None = Field(description="this group's norm when it recomputed the batch")
+    checker_group: int | None = Field(description="the group that recomputed this group's batch")
+    checker_norm: float | None = Field(description="the norm the checker group computed for it")
+    verdict: Verdict
+    action: Literal["skipped", "quarantined"] = Field(
+        description="skipped: the step was skipped and training goes on; quarantined: the group leaves and its "
+        "warm spare takes its place")
+    check_s: float = Field(description="time the reruns and the exchanges took")
 
 
 class TorchftLogEvent(BaseEvent):
@@ -187,6 +229,7 @@ Event = Annotated[
         TorchftLogEvent,
         ProcessEvent,
         StragglerEvent,
+        SdcEvent,
     ],
     Field(discriminator="type"),
 ]

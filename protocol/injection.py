@@ -4,7 +4,11 @@
 wedged driver leaves them. The other kinds need the rank's help: the agent writes an
 :class:`Injection` to ``{events_dir}/g{g}.inject``, and every rank of the group reads it
 (a new ``id`` is a new injection) and acts on it inside its next step: ``stuck`` sleeps there
-once, ``slow`` sleeps ``delay_ms`` before every forward until ``until`` (a straggler).
+once, ``slow`` sleeps ``delay_ms`` before every forward until ``until`` (a straggler),
+``corrupt`` multiplies the largest element of the first gradient shard it hands to the
+cross-group all-reduce by ``scale`` (at its next step, or every step until ``until`` when
+``persistent``: silent data corruption), ``watch`` measures every step's update norm until
+``until``.
 """
 
 from __future__ import annotations
@@ -17,16 +21,21 @@ from pydantic import BaseModel, Field
 from protocol.files import read_model
 
 INJECT_PATH = "/inject"
-InjectedKind = Literal["stop", "stuck", "slow"]
+InjectedKind = Literal["stop", "stuck", "slow", "corrupt", "watch"]
+HangKind = Literal["stop", "stuck"]
 
 
 class InjectRequest(BaseModel):
     kind: InjectedKind = Field(description="stop: SIGSTOP the ranks; stuck: the rank sleeps inside its step; "
-                               "slow: the ranks sleep before every forward for a while")
+                               "slow: the ranks sleep before every forward for a while; corrupt: one element of "
+                               "the rank's gradient is scaled (rank 0 unless one is named); watch: the ranks "
+                               "measure their update norm for a while")
     rank: int | None = Field(None, ge=0, description="only this rank of the group (default: every rank)")
     seconds: float = Field(3600.0, gt=0, le=86_400, description="stuck: how long the rank sleeps inside its step; "
                            "slow: how long the ranks stay slow")
     delay_ms: float = Field(0.0, ge=0, le=60_000, description="slow: the sleep before every forward")
+    scale: float = Field(1e4, description="corrupt: the factor the gradient element is multiplied by")
+    persistent: bool = Field(False, description="corrupt: every step (for `seconds`), not once")
 
 
 class InjectResult(BaseModel):
@@ -42,12 +51,14 @@ class Injection(BaseModel):
     were up, or the one asked for; a warm spare of the group, started before, is not one)."""
 
     id: int
-    kind: Literal["stuck", "slow"]
+    kind: Literal["stuck", "slow", "corrupt", "watch"]
     rank: int | None
     pids: list[int]
     seconds: float
     delay_s: float = 0.0
-    until: float = Field(0.0, description="slow: Unix time the slowness ends")
+    until: float = Field(0.0, description="slow, watch, persistent corrupt: Unix time it ends")
+    scale: float = 1.0
+    persistent: bool = False
 
 
 def injection_file_name(group: int) -> str:

@@ -49,10 +49,11 @@ class GroupCommand(ApiFlags):
 
 
 class DrillCommand(ApiFlags):
-    kind: CliPositionalArg[Literal["kill-heal", "hang", "lighthouse", "chaos", "straggler"]] = Field(
-        description="kill-heal, hang, lighthouse, chaos or straggler")
-    group: int | None = Field(None, ge=0, description="kill-heal, hang, straggler: the group to fault")
-    rank: int | None = Field(None, ge=0, description="hang: only this rank (default: every rank of the group)")
+    kind: CliPositionalArg[Literal["kill-heal", "hang", "lighthouse", "chaos", "straggler", "corrupt"]] = Field(
+        description="kill-heal, hang, lighthouse, chaos, straggler or corrupt")
+    group: int | None = Field(None, ge=0, description="kill-heal, hang, straggler, corrupt: the group to fault")
+    rank: int | None = Field(None, ge=0, description="hang: only this rank (default: every rank of the group); "
+                             "corrupt: the rank whose gradient is corrupted (default 0)")
     mode: Literal["stop", "stuck"] = Field("stop", description="hang: stop (SIGSTOP the ranks) or stuck (a rank "
                                            "sleeps inside its step)")
     down: float = Field(0.0, ge=0, description="lighthouse: seconds to keep it down (default: the wrapper's "
@@ -65,6 +66,8 @@ class DrillCommand(ApiFlags):
     delay_ms: float = Field(30.0, gt=0, description="straggler: the sleep before every forward")
     policy: Literal["flag", "evict"] | None = Field(None, description="straggler: the straggler policy while it "
                                                     "runs (default: the job's)")
+    scale: float = Field(1e4, description="corrupt: the factor one gradient element is multiplied by")
+    persistent: bool = Field(False, description="corrupt: every step, as a bad chip would (default: once)")
     seed: int = Field(0, description="chaos: random seed (same seed, same kills)")
     rejoin_delay: float | None = Field(None, ge=0, description="chaos: seconds before a killed group rejoins "
                                        "(default: the control plane's)")
@@ -78,6 +81,11 @@ class DrillCommand(ApiFlags):
                 raise ApiError("drill straggler needs --group G")
             fields = {"group": self.group, "delay_ms": self.delay_ms, "duration_s": self.duration,
                       "policy": self.policy}
+        elif self.kind == "corrupt":
+            if self.group is None:
+                raise ApiError("drill corrupt needs --group G")
+            fields = {"group": self.group, "rank": self.rank, "scale": self.scale, "persistent": self.persistent,
+                      "timeout_s": self.timeout}
         elif self.kind in ("kill-heal", "hang"):
             if self.group is None:
                 raise ApiError(f"drill {self.kind} needs --group G")
@@ -217,6 +225,16 @@ def cmd_drill(cmd: DrillCommand) -> int:
             found = "nobody" if r["detected_group"] is None else f"group {r['detected_group']}"
             err_console.print(f"ftctl: error: drill {drill['id']}: the detector flagged {found}, not group {r['group']}; "
                               "a delay too short for --straggler-factor is not a straggler (try a longer --delay-ms)")
+            return 1
+    elif cmd.kind == "corrupt":
+        r = drill["report"]
+        if r["sdc_check"] and r["detected_group"] != r["group"]:
+            found = "nobody" if r["detected_group"] is None else f"group {r['detected_group']}"
+            err_console.print(f"ftctl: error: drill {drill['id']}: the gradient check flagged {found}, not group "
+                              f"{r['group']}; a --scale this small may hide in the norm: try a larger one")
+            return 1
+        if not drill["fingerprints_equal"]:
+            err_console.print(f"ftctl: error: drill {drill['id']}: groups hold different state afterwards")
             return 1
     elif cmd.kind != "chaos" and not drill["fingerprints_equal"]:
         err_console.print(f"ftctl: error: drill {drill['id']}: groups hold different state after the heal")

@@ -56,6 +56,9 @@ class UpSettings(BaseModel):
         "throughput than losing it (a warm spare takes its place)")
     straggler_factor: float = Field(1.15, gt=1, description="a group computing this much longer than its peers' "
                                     "median, and waiting least, is a straggler")
+    sdc_check: bool = Field(True, description="check every group's gradient norm before gradients cross groups "
+                            "(--no-sdc-check: average at once, as plain HSDP does)")
+    max_norm: float = Field(0.0, ge=0, description="clip gradients to this global norm (0: no clipping)")
     trainer_arg: list[str] = Field(default_factory=list, description="extra trainer flag, repeatable: "
                                    "--trainer-arg=--seq-len=64")
     refresh: float = Field(1.0, gt=0, description="seconds between live-view refreshes")
@@ -169,7 +172,8 @@ class LocalJob:
         self._wait_http(control, f"{cfg.api}/healthz")
 
         trainer_args = ["--steps", str(cfg.steps), "--checkpoint-dir", str(cfg.state_dir / "checkpoints"),
-                        *cfg.trainer_arg]
+                        *([] if cfg.sdc_check else ["--no-sdc-check"]),
+                        *(["--max-norm", str(cfg.max_norm)] if cfg.max_norm else []), *cfg.trainer_arg]
         for g in range(cfg.groups):
             argv = [py, "-m", "service.agent", "--group", str(g), "--groups", str(cfg.groups),
                     "--ranks-per-group", str(cfg.ranks_per_group), "--lighthouse", self.lighthouse_url,

@@ -13,6 +13,10 @@ STATE_STYLE = {"training": "bold green", "healing": "bold yellow", "joining": "c
                "down": "bold red", "unknown": "dim"}
 
 
+SDC_SHOWN_S = 600.0
+"""A group's latest gradient-check incident stays in its row this long."""
+
+
 def _age(ts: float | None) -> str:
     if ts is None:
         return "-"
@@ -29,6 +33,9 @@ def groups_table(groups: list[dict]) -> Table:
         state = g["state"] + (f" ({g['down_reason']})" if g.get("down_reason") else "")
         if g.get("straggler"):
             state += f" · straggler ×{g['straggler']['slowdown']:.2f}"
+        sdc = g.get("last_sdc")
+        if sdc and time.time() - sdc["ts"] < SDC_SHOWN_S:
+            state += f" · SDC {sdc['verdict']} @{sdc['step']}"
         heal = g.get("last_heal")
         heal_text = (f"@{heal['step']} ← g{heal['source_group']} {heal['bytes'] / 2**20:.0f} MiB "
                      f"{heal['fetch_s']:.1f}s, {_age(heal['ts'])} ago") if heal else "-"
@@ -77,6 +84,8 @@ def drill_table(drill: dict) -> Table:
         return lighthouse_table(drill)
     if drill["kind"] == "straggler":
         return straggler_table(drill)
+    if drill["kind"] == "corrupt":
+        return corrupt_table(drill)
     r = drill["report"]
     table = report_table(f"drill {drill['id']} · {drill['kind']} · group {drill['group']} · {drill['status']}")
 
@@ -154,6 +163,41 @@ def straggler_table(drill: dict) -> Table:
         rate, step = rates.get(when), steps.get(when)
         table.add_row(f"throughput {when}", (f"{rate:.2f} replica-batches/s" if rate is not None else "-")
                       + (f" · {step:.2f} s/step" if step is not None else ""))
+    return add_error(table, drill)
+
+
+def _norm(value: float | None) -> str:
+    return "not finite" if value is None else f"{value:.3g}"
+
+
+def _per_group(values: dict, fmt: str) -> str:
+    return ", ".join(f"g{g} {format(v, fmt) if v is not None else '-'}" for g, v in sorted(values.items())) or "-"
+
+
+def corrupt_table(drill: dict) -> Table:
+    r = drill["report"]
+    table = report_table(f"drill {drill['id']} · corrupt · group {r['group']} rank {r['rank']} ×{r['scale']:g} "
+                         f"{'every step' if r['persistent'] else 'once'} · check "
+                         f"{ {True: 'on', False: 'OFF', None: '?'}[r.get('sdc_check')] } · {drill['status']}")
+    table.add_row("phase", r.get("phase"))
+    table.add_row("corrupted step", str(r["step"]) if r.get("step") is not None else "-")
+    if r.get("sdc_check"):
+        found = r.get("detected_group")
+        table.add_row("flagged", "nobody" if found is None else Text(
+            f"group {found}, verdict after {r['detect_s']:.2f} s", style="green" if found == r["group"] else "red"))
+        if r.get("norms"):
+            table.add_row("norms", ", ".join(f"g{g} {_norm(n)}" for g, n in sorted(r["norms"].items()))
+                          + f" (others' median {_norm(r.get('reference_norm'))})")
+            table.add_row("reruns", f"its own {_norm(r.get('rerun_norm'))}; group {r.get('checker_group')}'s of its "
+                                    f"batch {_norm(r.get('checker_norm'))}")
+        table.add_row("verdict", Text(r.get("verdict") or "-", style="bold"))
+    table.add_row("action", r.get("action") or "-")
+    if r.get("replace_s") is not None:
+        table.add_row("quarantine → spare's healed commit", f"{r['replace_s']:.2f} s")
+    table.add_row("largest update / usual", _per_group(r.get("update_ratio") or {}, ".3g"))
+    table.add_row("largest applied gradient / usual", _per_group(r.get("applied_grad_ratio") or {}, ".3g"))
+    table.add_row("loss after − before", _per_group(r.get("loss_change") or {}, "+.3f"))
+    table.add_row("fingerprints equal", {True: "[green]yes[/]", False: "[red]NO[/]"}.get(r.get("fingerprints_equal"), "-"))
     return add_error(table, drill)
 
 

@@ -1,5 +1,6 @@
 """Fail-over end to end: the agents restart a killed group by themselves (`--auto-rejoin-delay 0`),
-promoting its warm spare, and the drills measure that rather than issuing a rejoin of their own."""
+promoting its warm spare, and the drills measure that rather than issuing a rejoin of their own; a
+group the gradient check quarantines is replaced by its warm spare, not restarted in place."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import httpx
 import pytest
 
 from cluster import wait_for
-from up_job import AUTH, all_training, ftctl, ftctl_up, json_out
+from up_job import AUTH, all_training, ftctl, ftctl_up, groups, json_out, metric
 
 REJOIN_DELAY_S = 120  # the chaos drill's own rejoin: far later than any agent restart
 
@@ -108,3 +109,54 @@ def test_lighthouse_drill_pauses_every_group_and_restarts_none(job):
     metrics = job.api.get("/metrics").text
     assert 'ftctl_fault_resume_seconds{fault="lighthouse"} ' in metrics
     assert 'ftctl_drills_total{kind="lighthouse",status="done"} 1.0' in metrics
+
+
+def steps_at(job, group: int, step: int) -> list[dict]:
+    """Rank 0's step events of the group for the batch of ``step`` (a committed step reports step + 1)."""
+    events = job.api.get("/api/v1/events", params={"group": group, "type": "step", "limit": 1000}).json()["events"]
+    return [e for e in events if e["rank"] == 0 and e["step"] == step + 1 and e["committed"]]
+
+
+def test_a_transient_corruption_is_skipped_in_every_group_and_training_goes_on(job):
+    """One element of group 0's rank 0 gradient ×1e4, once: every group skips that step, group
+    0's rerun of the batch is normal (transient), nobody restarts, and no group's optimizer ever
+    takes the corrupted gradient (its applied gradient and update stay usual)."""
+    wait_for(lambda: all_training(job.api), 240, "both groups training")
+    starts = {g: v["restarts"] for g, v in groups(job.api).items()}
+    skipped = metric(job.api, "ftctl_steps_skipped_total", group="1")
+    drill = json_out(ftctl(job.state, "drill", "corrupt", "--group", "0", "--json"))
+    assert drill["status"] == "done" and drill["fingerprints_equal"] is True, drill
+    r = drill["report"]
+    assert (r["sdc_check"], r["detected_group"], r["verdict"], r["action"]) == (True, 0, "transient", "skipped"), r
+    assert r["norms"]["0"] > 10 * r["norms"]["1"] and r["checker_group"] == 1
+    assert r["rerun_norm"] < 10 * r["reference_norm"]
+    for g in (0, 1):
+        (step,) = steps_at(job, g, r["step"])
+        assert step["skipped"] is True, f"group {g} skipped step {r['step']}"
+        assert r["applied_grad_ratio"][str(g)] < 3 and r["update_ratio"][str(g)] < 3, r
+    assert {g: v["restarts"] for g, v in groups(job.api).items()} == starts, "nobody was restarted"
+    sdc = job.api.get("/api/v1/sdc").json()
+    assert sdc["counts"]["transient"] >= 1
+    assert [i["verdict"] for i in sdc["incidents"] if i["group"] == 0 and i["step"] == r["step"]] == ["transient"]
+    assert metric(job.api, "ftctl_sdc_incidents_total", group="0", verdict="transient") == 1
+    assert metric(job.api, "ftctl_steps_skipped_total", group="1") >= skipped + 1, "a real spike may add its own"
+
+
+def test_a_persistent_corruption_is_quarantined_and_the_warm_spare_heals_in_its_place(job):
+    """Group 1's rank 0 corrupts every gradient: its rerun is as bad, group 0's rerun of the same
+    batch is normal, so group 1 is quarantined (not restarted in place) and its warm spare heals
+    from group 0 and trains; every group holds the same state afterwards."""
+    wait_for(lambda: all_training(job.api), 240, "both groups training")
+    wait_for(lambda: spare(job, 1) == "ready", 240, "group 1's warm spare")
+    drill = json_out(ftctl(job.state, "drill", "corrupt", "--group", "1", "--persistent", "--json"))
+    assert drill["status"] == "done" and drill["fingerprints_equal"] is True, drill
+    r = drill["report"]
+    assert (r["detected_group"], r["verdict"], r["action"], r["checker_group"]) == (1, "persistent", "quarantined", 0), r
+    assert r["checker_norm"] < 10 * r["reference_norm"] < r["rerun_norm"]
+    assert r["quarantined_at"] < r["replaced_at"] and r["replace_s"] < 30, r
+    process = job.api.get("/api/v1/events", params={"group": 1, "type": "process", "since": r["injected_at"]}).json()
+    assert [e["action"] for e in process["events"]][:2] == ["quarantined", "started"]
+    assert process["events"][1]["detail"].startswith("promoted warm spare")
+    view = job.api.get("/api/v1/groups/1").json()
+    assert view["last_sdc"]["verdict"] == "persistent" and view["last_sdc"]["action"] == "quarantined"
+    assert 'ftctl_group_exits_total{group="1",reason="quarantined"} 1.0' in job.api.get("/metrics").text

@@ -112,6 +112,10 @@ def test_wrapper_serves_json_and_restarts_a_dead_lighthouse():
         owner.end()
 
 
+HOLD_S = 5.0
+"""Long enough that the second kill lands inside the hold even on a machine busy with other tests."""
+
+
 def test_wrapper_kills_the_lighthouse_on_request_and_holds_its_restart():
     port, api = free_port(), free_port()
     owner = Owner()
@@ -127,8 +131,8 @@ def test_wrapper_kills_the_lighthouse_on_request_and_holds_its_restart():
         assert httpx.post(f"{base}/kill", headers={"Authorization": "Bearer nope"}).status_code == 403
         assert httpx.post(f"{base}/kill", json={"down_s": -1}, headers=auth).status_code == 422
         assert first in {p.pid for p in process_tree(wrapper.pid)}, "a refused kill killed something"
-        killed = httpx.post(f"{base}/kill", json={"down_s": 1.5}, headers=auth).json()
-        assert killed["pid"] == first and killed["restart_at"] - killed["killed_at"] == pytest.approx(1.5)
+        killed = httpx.post(f"{base}/kill", json={"down_s": HOLD_S}, headers=auth).json()
+        assert killed["pid"] == first and killed["restart_at"] - killed["killed_at"] == pytest.approx(HOLD_S)
         again = httpx.post(f"{base}/kill", headers=auth)
         assert again.status_code == 409 and "already down" in again.json()["detail"]
         wait_for(lambda: _healthy(base), 30, "the Lighthouse back after its hold")

@@ -42,10 +42,10 @@ def test_committed_dashboard_is_exactly_what_the_code_generates():
     ids = [p["id"] for p in dash["panels"]]
     assert len(ids) == len(set(ids)) and all(t["refId"] for p in dash["panels"] for t in p["targets"])
     assert {v["name"] for v in dash["templating"]["list"]} == {"datasource", "group"}
-    assert {a["name"] for a in dash["annotations"]["list"]} == {"Kills", "Rejoins", "Heals"}
+    assert {a["name"] for a in dash["annotations"]["list"]} == {"Kills", "Rejoins", "Heals", "Gradient check"}
     titles = " ".join(p["title"] for p in dash["panels"]).lower()
     for needed in ("quorum id", "participants", "step per group", "lag", "group state", "compute vs waiting", "loss",
-                   "heals", "failed commits", "drill", "goodput"):
+                   "heals", "failed commits", "drill", "goodput", "gradient check"):
         assert needed in titles, needed
     assert all("ftctl_" in expr for _, _, expr in panel_queries(dash))
 

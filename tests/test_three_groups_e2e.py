@@ -2,13 +2,14 @@
 timeout; a node that freezes with its agent on it is shown lost and the others train on; a
 Lighthouse away past the trainers' quorum timeout stops the groups cleanly, once,
 and their agents bring them back when it answers again; and a slowed group is named a
-straggler, alone."""
+straggler, alone; a corrupted gradient is caught, rerun by another group and shown."""
 
 from __future__ import annotations
 
 import signal
 import time
 
+import httpx
 import psutil
 import pytest
 
@@ -135,3 +136,51 @@ def test_under_the_evict_policy_a_straggler_that_costs_more_than_its_share_is_ev
     assert job.api.get("/api/v1/stragglers").json()["policy"] == "flag", "the job's own policy is back"
     assert job.api.post("/api/v1/groups/1/rejoin", headers=AUTH).status_code == 200
     wait_for(lambda: all_training(job.api), 240, "group 1 back after its rejoin")
+
+
+def test_with_three_groups_a_corruption_is_rerun_by_another_group_and_shown_on_the_page(job):
+    """Group 2's gradient ×1e4 once: the check compares it with the two others' median, a passing
+    group reruns its batch, every group skips the step; the page shows the incident on group 2's
+    card and in its timeline."""
+    from selenium.webdriver.common.by import By
+
+    wait_for(lambda: all_training(job.api), 240, "all three groups training")
+    drill = job.api.post("/api/v1/drills", headers=AUTH, json={"kind": "corrupt", "group": 2, "baseline_s": 3})
+    assert drill.status_code == 202, drill.text
+    report = wait_for(lambda: (d := job.api.get(drill.headers["Location"]).json())["status"] != "running" and d, 120,
+                      "the corruption drill to end")
+    assert report["status"] == "done" and report["fingerprints_equal"] is True, report
+    r = report["report"]
+    assert (r["detected_group"], r["verdict"], r["action"]) == (2, "transient", "skipped"), r
+    assert sorted(r["norms"]) == ["0", "1", "2"] and r["checker_group"] in (0, 1)
+    with chromium() as driver:
+        driver.get(str(job.api.base_url))
+        badge = lambda: driver.find_element(By.CSS_SELECTOR, "#group-2 .badge.sdc")  # noqa: E731
+        wait_for(quietly(lambda: badge().is_displayed() and badge().text == "SDC transient"), 20,
+                 "the SDC badge on group 2's card")
+        wait_for(quietly(lambda: "gradient check at step" in driver.find_element(By.ID, "events").text), 20,
+                 "the incident in the page's timeline")
+        other = driver.find_element(By.CSS_SELECTOR, "#group-0 .badge.sdc")  # a real spike of its own may show
+        assert not other.is_displayed() or f"step {r['step']}:" not in other.get_attribute("title")
+
+
+def test_slowness_that_rotates_from_group_to_group_is_never_flagged(job):
+    """Every group in turn sleeps 300 ms before each forward for a second, four rounds: some group
+    is slow at every step, none is slow step after step. The detector calls it rotating (data
+    imbalance, as most stragglers are) and flags nobody."""
+    wait_for(lambda: all_training(job.api), 240, "all three groups training")
+    agents = job.connection()["agents"]
+    patterns, flagged = set(), set()
+    for turn in range(12):
+        injected = httpx.post(f"{agents[str(turn % 3)]}/inject", headers=AUTH, timeout=30,
+                              json={"kind": "slow", "delay_ms": 300, "seconds": 1.0})
+        assert injected.status_code == 200, injected.text
+        end = time.time() + 1.0
+        while time.time() < end:
+            view = job.api.get("/api/v1/stragglers").json()
+            patterns.add(view["pattern"])
+            if view["flagged"] is not None:
+                flagged.add(view["flagged"])
+            time.sleep(0.2)
+    assert flagged == set(), f"rotating slowness flagged group(s) {flagged}"
+    assert "rotating" in patterns and "persistent" not in patterns, patterns

@@ -117,3 +117,25 @@ def test_all_groups_restart_from_newest_complete_checkpoint(lighthouse, groups, 
     assert any(re.search(r"warning: skipping incomplete checkpoint step-\d+", g.output()) for g in second)
     # The first group back trains on from the checkpoint; a later one may heal from it instead.
     assert min(committed_steps(events, g)[0]["step"] for g in (0, 1)) == previous_step + 1
+
+
+def test_max_norm_clips_every_group_by_the_same_global_norm(lighthouse, groups, tmp_path):
+    """--max-norm clips by the norm of the averaged gradient: every group holds the same average,
+    so every group reports the same norm, clips alike and stays bitwise equal; that norm is at
+    most the mean of the groups' own norms (the check's), as an average's must be."""
+    args = job_args(lighthouse, tmp_path, 2, 12, "--max-norm", "0.5")
+    both = [groups(g, args).start() for g in (0, 1)]
+    for g in both:
+        assert g.proc.wait(timeout=300) == 0, g.output()
+    events = read_events(tmp_path / "events")
+    by_step = [{e["step"]: e for e in committed_steps(events, g) if e["participants"] == 2} for g in (0, 1)]
+    shared = sorted(set(by_step[0]) & set(by_step[1]))
+    assert len(shared) >= 8, shared
+    for step in shared:
+        a, b = by_step[0][step], by_step[1][step]
+        assert a["clip_norm"] == b["clip_norm"] is not None, (step, a["clip_norm"], b["clip_norm"])
+        assert a["clip_norm"] <= (a["grad_norm"] + b["grad_norm"]) / 2 * (1 + 1e-6), (step, a, b)
+    assert any(by_step[0][s]["clip_norm"] > 0.5 for s in shared), "no step was clipped: raise the test's norm"
+    fp0, fp1 = fingerprints(events, 0), fingerprints(events, 1)
+    common = sorted(set(fp0) & set(fp1))
+    assert common and all(fp0[k] == fp1[k] for k in common)

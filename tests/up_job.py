@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Iterator
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from cluster import REPO, wait_for
 from processes import Owner
@@ -64,6 +65,15 @@ def groups(api: httpx.Client) -> dict[int, dict]:
         return {g["group"]: g for g in api.get("/api/v1/groups").json()}
     except (httpx.HTTPError, ValueError):
         return {}
+
+
+def metric(api: httpx.Client, name: str, **labels: str) -> float:
+    """One sample of the control plane's /metrics."""
+    for family in text_string_to_metric_families(api.get("/metrics").text):
+        for sample in family.samples:
+            if sample.name == name and sample.labels == labels:
+                return sample.value
+    raise AssertionError(f"no sample {name}{labels} in /metrics")
 
 
 def all_training(api: httpx.Client) -> bool:

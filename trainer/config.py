@@ -99,6 +99,15 @@ class TrainerConfig(BaseSettings):
         "(default: this machine's hostname)",
     )
 
+    # --- silent data corruption and clipping
+    sdc_check: bool = Field(True, description="compare every group's gradient norm before gradients cross groups; "
+                            "an abnormal one skips the step everywhere and is attributed by reruns "
+                            "(--no-sdc-check: average at once, as plain HSDP does)")
+    sdc_factor: float = Field(10.0, gt=1, description="a gradient norm above this many times the other groups' "
+                              "median fails the check")
+    max_norm: float = Field(0.0, ge=0, description="clip gradients to this global norm (over every group, after "
+                            "averaging; 0: no clipping)")
+
     # --- checkpoints and telemetry
     checkpoint_dir: Path | None = Field(None, description="torch.distributed.checkpoint folder shared by all groups; none: no checkpoints")
     checkpoint_every: int = Field(50, ge=1, description="save every N committed steps")

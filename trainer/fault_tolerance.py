@@ -30,6 +30,7 @@ from protocol.lighthouse import lighthouse_unreachable
 from protocol.replicas import replica_name
 from trainer.config import TrainerConfig
 from trainer.errors import ConfigError
+from trainer.state import local
 from trainer.telemetry import ProgressBeacon
 
 LIGHTHOUSE_PROBE_TIMEOUT_S = 5.0
@@ -290,20 +291,61 @@ def build_manager(cfg: TrainerConfig, load_state_dict: Callable[[Any], None],
 
 class ReplicateAllReduce:
     """FSDP all-reduce hook over the fault-tolerant replicate group; times the waiting, and
-    tells the beacon the rank is waiting on other groups (which is never this group's hang)."""
+    tells the beacon the rank is waiting on other groups (which is never this group's hang).
 
-    def __init__(self, manager: Manager, beacon: ProgressBeacon):
+    With ``defer`` (the gradient check on) the hook only keeps each reduce-scattered gradient
+    buffer; :meth:`flush` averages them across groups once the check passed. FSDP's sharded
+    gradients are views of those buffers, so averaging the buffers in place averages them
+    (:meth:`shard_gradients` checks it: a torch that copies instead fails loudly, not silently
+    unaveraged). Averaging is linear, so FSDP's post-divide may come before it.
+
+    ``tamper`` sees every buffer before it leaves the rank: where a drill's injected
+    corruption lands, as a bad chip's would."""
+
+    def __init__(self, manager: Manager, beacon: ProgressBeacon, defer: bool = False,
+                 tamper: Callable[[torch.Tensor], object] = lambda gradient: None):
         self.group = ManagedProcessGroup(manager)
         self.group.register("dp_replicate")
         self.beacon = beacon
+        self.defer = defer
+        self.tamper = tamper
+        self.pending: list[torch.Tensor] = []
         self.seconds = 0.0
 
     def __call__(self, gradient: torch.Tensor) -> None:
+        self.tamper(gradient)
+        if self.defer:
+            self.pending.append(gradient)
+        else:
+            self._average(gradient)
+
+    def _average(self, gradient: torch.Tensor) -> None:
         start = time.perf_counter()
         self.beacon.enter("allreduce")
         dist.all_reduce(gradient, group=self.group, op=dist.ReduceOp.AVG)
         self.beacon.enter("compute")
         self.seconds += time.perf_counter() - start
+
+    def begin(self) -> None:
+        """Before a backward: forget the last one's buffers."""
+        self.pending = []
+        self.seconds = 0.0
+
+    def flush(self) -> None:
+        """Average the kept buffers across groups (``defer``)."""
+        for gradient in self.pending:
+            self._average(gradient)
+
+    def shard_gradients(self, model: nn.Module) -> list[torch.Tensor]:
+        """This rank's gradient shards (``defer``: checked to be views of the kept buffers)."""
+        grads = [local(p.grad) for p in model.parameters() if p.grad is not None]
+        if self.defer:
+            buffers = {b.untyped_storage().data_ptr() for b in self.pending}
+            if any(g.untyped_storage().data_ptr() not in buffers for g in grads):
+                raise RuntimeError("FSDP's sharded gradients are not views of the buffers its all-reduce hook "
+                                   "received; the gradient check cannot defer the cross-group all-reduce with this "
+                                   "torch version: run with --no-sdc-check")
+        return grads
 
     def install(self, model: nn.Module) -> None:
         for module in model.modules():

@@ -7,6 +7,8 @@ import threading
 import time
 from pathlib import Path
 
+import torch
+
 from protocol.injection import Injection, injection_file_name, read_injection
 
 POLL_S = 0.1
@@ -22,6 +24,8 @@ class InjectedFaults:
         self._seen = existing.id if existing else 0  # injected before this start: not ours
         self._pending: Injection | None = None
         self._slow: Injection | None = None
+        self._corrupt: Injection | None = None
+        self._watch_until = 0.0
         self._stop = threading.Event()
         threading.Thread(target=self._watch, name="ft-injections", daemon=True).start()
 
@@ -31,10 +35,15 @@ class InjectedFaults:
             if injection is not None and injection.id > self._seen:
                 self._seen = injection.id
                 if os.getpid() in injection.pids:
-                    if injection.kind == "slow":
-                        self._slow = injection
-                    else:
-                        self._pending = injection
+                    match injection.kind:
+                        case "slow":
+                            self._slow = injection
+                        case "corrupt":
+                            self._corrupt = injection
+                        case "watch":
+                            self._watch_until = injection.until
+                        case _:
+                            self._pending = injection
 
     def stall(self) -> None:
         """Inside the step, before the forward: a ``stuck`` injection sleeps here once, as a rank
@@ -48,6 +57,26 @@ class InjectedFaults:
                 time.sleep(slow.delay_s)
             else:
                 self._slow = None
+
+    def corrupt(self, gradient: torch.Tensor) -> bool:
+        """Silent data corruption, where a bad chip would put it: multiply the largest element of
+        this gradient shard by the injection's scale, once (or every call while a persistent one
+        lasts). The largest, so that the drill's fault is one a norm can see; returns whether it did."""
+        corrupt = self._corrupt
+        if corrupt is None:
+            return False
+        if not corrupt.persistent or time.time() >= corrupt.until:
+            self._corrupt = None
+            if corrupt.persistent:
+                return False
+        flat = gradient.view(-1)
+        flat[flat.abs().argmax()] *= corrupt.scale
+        return True
+
+    @property
+    def watched(self) -> bool:
+        """A drill asked for this rank's update norms."""
+        return time.time() < self._watch_until
 
     def close(self) -> None:
         self._stop.set()

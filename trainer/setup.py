@@ -60,9 +60,10 @@ class Training:
     model_s: float = 0.0
     parameters: int = field(default=0)
 
-    def forward_backward(self, step: int) -> torch.Tensor:
-        """Loss of this rank's batch at ``step``, gradients accumulated (FSDP reduces them)."""
-        inputs, targets = self.batches.batch(step, self.group, self.rank, self.device)
+    def forward_backward(self, step: int, group: int | None = None) -> torch.Tensor:
+        """Loss of this rank's batch at ``step``, gradients accumulated (FSDP reduces them).
+        ``group``: the batch another group's same rank trains at that step (a gradient check's rerun)."""
+        inputs, targets = self.batches.batch(step, self.group if group is None else group, self.rank, self.device)
         logits = self.model(inputs)
         loss = F.cross_entropy(logits.reshape(-1, VOCAB_SIZE).float(), targets.reshape(-1))
         loss.backward()

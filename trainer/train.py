@@ -9,6 +9,7 @@ interval, whether it is their turn.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
 import time
@@ -19,6 +20,7 @@ import torch
 import torch.distributed as dist
 import torchft
 from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor
 
 from protocol.events import (
     CheckpointEvent,
@@ -27,10 +29,13 @@ from protocol.events import (
     FingerprintEvent,
     HealEvent,
     QuorumEvent,
+    SdcEvent,
     StartEvent,
     StepEvent,
 )
+from protocol.files import write_model
 from protocol.lighthouse import lighthouse_unreachable
+from protocol.quarantine import Quarantine, quarantine_file
 from protocol.spare import readiness_file
 from trainer.checkpoint import Checkpointer, Found
 from trainer.config import TrainerConfig
@@ -41,9 +46,10 @@ from trainer.fault_tolerance import (
     build_manager,
     check_lighthouse_reachable,
 )
+from trainer.gradient_check import CheckResult, GradientCheck, Incident, group_norm, shard_norm
 from trainer.injection import InjectedFaults
 from trainer.setup import build_training, init_device
-from trainer.state import LiveState
+from trainer.state import LiveState, local
 from trainer.telemetry import EventSink, ProgressBeacon, TorchftLogBridge
 
 log = logging.getLogger("trainer")
@@ -87,11 +93,25 @@ class StepOutcome:
     healed: bool
     batches_committed: int
     error: str | None
+    check: CheckResult | None = None
+    grad_norm: float | None = None
+    clip_norm: float | None = None
+    shard_grad_norm: float | None = None
+    shard_update_norm: float | None = None
+
+    @property
+    def skipped(self) -> bool:
+        """Committed without an optimizer step: a gradient failed the check."""
+        return self.committed and self.check is not None and not self.check.passed
 
     @property
     def compute_s(self) -> float:
-        """Forward, backward and optimizer: the step minus its waits."""
+        """Forward, backward and optimizer (and a failed check's reruns): the step minus its waits."""
         return max(0.0, self.step_s - self.allreduce_s - self.commit_s)
+
+    @property
+    def rerun_s(self) -> float:
+        return self.check.rerun_s if self.check else 0.0
 
     @property
     def healed_step(self) -> int:
@@ -156,8 +176,10 @@ class RankTrainer:
         self.manager, self.transport = build_manager(cfg, self.live.load_state_dict, self.live.state_dict)
         self.manager.load_state_dict(self.manager_state)
         self.internals = ManagerInternals(self.manager)
-        self.replicate = ReplicateAllReduce(self.manager, self.beacon)
+        self.replicate = ReplicateAllReduce(self.manager, self.beacon, defer=cfg.sdc_check, tamper=self.injected.corrupt)
         self.replicate.install(self.model)
+        self.check = GradientCheck(self.manager, cfg.group, self.device, self.beacon, cfg.sdc_factor) \
+            if cfg.sdc_check else None
         self.ft_optimizer = torchft.Optimizer(self.manager, self.optimizer)
         self.quorum_id = -1  # the quorum the last reported step trained in
         t_manager = time.time()
@@ -221,20 +243,34 @@ class RankTrainer:
         self.sink.emit(CheckpointEvent, action="loaded", step=found.step, seconds=seconds, path=str(found.path))
 
     def step(self) -> StepOutcome:
-        """Train one step: quorum, forward and backward (gradients averaged across groups by the
-        FSDP hooks), and the optimizer step only if every rank of every group succeeded."""
+        """Train one step: quorum, forward and backward, the gradient check (when on), the
+        gradients averaged across groups, and the optimizer step only if every rank of every
+        group succeeded and every group's gradient passed the check."""
         manager = self.manager
         start = time.perf_counter()
         before = manager.current_step()
         self.beacon.enter("compute", before)
-        self.replicate.seconds = 0.0
+        self.replicate.begin()
         self.ft_optimizer.zero_grad()
         self.injected.stall()
         loss = self.training.forward_backward(before)
+        check, grad_norm = None, None
+        if self.check is not None:
+            grad_norm = group_norm(self.replicate.shard_gradients(self.model), self.device)
+            check = self.check.check(grad_norm, lambda batch_group: self._rerun(before, batch_group))
+            if check.passed:
+                self.replicate.flush()
         healed = self.internals.healing  # settled: the all-reduce waited for the quorum
+        apply = check is None or check.passed
+        clip_norm = self._clip() if apply and self.cfg.max_norm else None
+        watched = self.injected.watched and apply
+        shard_grad_norm = shard_norm(self.replicate.shard_gradients(self.model)) if watched else None
+        params = [local(p).detach() for p in self.model.parameters()] if watched else []
+        was = [p.clone() for p in params]
         commit_start = time.perf_counter()
         self.beacon.enter("commit")
-        self.ft_optimizer.step()
+        if manager.should_commit() and apply:
+            self.optimizer.step()
         commit_s = time.perf_counter() - commit_start
         self.beacon.enter("compute")
         after = manager.current_step()
@@ -243,15 +279,35 @@ class RankTrainer:
         error = manager.errored()
         if committed:
             self.scheduler.step()
-            self.position.batches_skipped += (self.cfg.groups - participants) * self.ranks_per_group
+            skipped_groups = self.cfg.groups - (participants if apply else 0)
+            self.position.batches_skipped += skipped_groups * self.ranks_per_group
         return StepOutcome(
             trained_step=before, step=after, committed=committed, loss=loss.item(),
             lr=self.optimizer.param_groups[0]["lr"], step_s=time.perf_counter() - start,
-            allreduce_s=self.replicate.seconds, commit_s=commit_s, quorum_id=self.internals.quorum_id,
+            allreduce_s=self.replicate.seconds + (check.wait_s if check else 0.0), commit_s=commit_s, quorum_id=self.internals.quorum_id,
             participants=participants, participating=manager.is_participating(), healed=healed,
             batches_committed=manager.batches_committed(),
             error=repr(error.original_exception) if error else None,
+            check=check, grad_norm=grad_norm, clip_norm=clip_norm, shard_grad_norm=shard_grad_norm,
+            shard_update_norm=shard_norm(torch._foreach_sub(params, was)) if watched else None,
         )
+
+    def _rerun(self, step: int, batch_group: int) -> float:
+        """The gradient check's rerun: recompute a batch's gradient from the unchanged state."""
+        self.optimizer.zero_grad()  # the inner optimizer's: torchft's would start a quorum
+        self.replicate.begin()
+        self.training.forward_backward(step, batch_group)
+        return group_norm(self.replicate.shard_gradients(self.model), self.device)
+
+    def _clip(self) -> float:
+        """Clip by the norm of the averaged gradient, as torchtitan does: it is the same in every
+        group (every group holds the same average), so every group clips alike."""
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        total = torch.nn.utils.get_total_norm(grads, foreach=True)
+        if isinstance(total, DTensor):
+            total = total.full_tensor()
+        torch.nn.utils.clip_grads_with_norm_(self.model.parameters(), self.cfg.max_norm, total, foreach=True)
+        return total.item()
 
     def report(self, o: StepOutcome) -> None:
         """The step's events (quorum change, heal, the step, a failed commit) and its progress line."""
@@ -271,13 +327,47 @@ class RankTrainer:
             compute_s=o.compute_s, allreduce_s=o.allreduce_s, commit_s=o.commit_s, quorum_id=o.quorum_id,
             participants=o.participants, participating=o.participating, healed=o.healed,
             batches_committed=o.batches_committed, batches_skipped=self.position.batches_skipped,
+            grad_norm=_finite(o.grad_norm), clip_norm=o.clip_norm, shard_grad_norm=_finite(o.shard_grad_norm),
+            shard_update_norm=_finite(o.shard_update_norm), skipped=o.skipped, rerun_s=o.rerun_s,
         )
+        if o.check is not None and o.check.incidents:
+            self._report_incidents(o)
         if not o.committed:
             self.sink.emit(CommitFailedEvent, step=o.trained_step, quorum_id=o.quorum_id, error=o.error)
             self._say(f"step {o.trained_step} not committed: {o.error or 'too few replicas'}")
         elif o.step % self.cfg.log_every == 0:
             self._say(f"step {o.step:>5}  loss {o.loss:.3f}  {o.participants} group(s)  "
                       f"{o.step_s:.2f}s/step (all-reduce {o.allreduce_s:.2f}s)")
+
+    def _report_incidents(self, o: StepOutcome) -> None:
+        for i in o.check.incidents:
+            ratio = f"{i.norms[i.group] / i.reference:.3g}x the others'" if i.reference and math.isfinite(
+                i.norms[i.group]) else "not finite"
+            self._say(f"step {o.trained_step} skipped in every group: group {i.group}'s gradient norm is {ratio}; "
+                      f"rerun {i.rerun_norm:.3g}, checker {i.checker_group} {_fmt(i.checker_norm)}: {i.verdict}")
+        mine = o.check.mine(self.cfg.group)
+        if mine is not None and self.rank == 0:
+            self.sink.emit(SdcEvent, step=o.trained_step, norms={g: _finite(n) for g, n in mine.norms.items()},
+                           reference_norm=mine.reference, factor=self.cfg.sdc_factor,
+                           rerun_norm=_finite(mine.rerun_norm), checker_group=mine.checker_group,
+                           checker_norm=_finite(mine.checker_norm), verdict=mine.verdict,
+                           action="quarantined" if mine.verdict == "persistent" else "skipped",
+                           check_s=o.rerun_s + o.check.wait_s)
+
+    def quarantined(self, o: StepOutcome) -> Incident | None:
+        """This group's persistent corruption, found at this step: its ranks must leave."""
+        mine = o.check.mine(self.cfg.group) if o.check else None
+        return mine if mine is not None and mine.verdict == "persistent" else None
+
+    def quarantine(self, incident: Incident, step: int) -> None:
+        """Leave the job: rank 0 tells the agent why (``protocol/quarantine.py``), which then
+        promotes the group's warm spare instead of restarting these ranks."""
+        if self.rank == 0:
+            write_model(quarantine_file(self.cfg.events_dir, self.cfg.group), Quarantine(
+                step=step, reason=f"the gradient check found a persistent corruption in group {self.cfg.group} "
+                f"at step {step} (its rerun {incident.rerun_norm:.3g}, group {incident.checker_group}'s "
+                f"{_fmt(incident.checker_norm)}, others' median {_fmt(incident.reference)})"))
+        self._say(f"quarantined: a persistent corruption at step {step}; leaving the job")
 
     def after_commit(self, step: int) -> None:
         """The components that act on committed steps, each on its own interval."""
@@ -294,6 +384,9 @@ class RankTrainer:
                 return "stopped"
             outcome = self.step()
             self.report(outcome)
+            if (incident := self.quarantined(outcome)) is not None:
+                self.quarantine(incident, outcome.trained_step)
+                return "quarantined"
             if outcome.committed:
                 self.after_commit(outcome.step)
                 if self.cfg.step_sleep_s:
@@ -309,6 +402,15 @@ class RankTrainer:
         self.injected.close()
         self.manager.shutdown(wait=False)
         dist.destroy_process_group()
+
+
+def _finite(value: float | None) -> float | None:
+    """Events carry a norm that is not finite as null."""
+    return value if value is not None and math.isfinite(value) else None
+
+
+def _fmt(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3g}"
 
 
 def run(cfg: TrainerConfig, process_start: float) -> int:

@@ -12,6 +12,7 @@ from protocol.beacon import beacon_file_name, read_beacon
 from protocol.files import write_model
 from protocol.injection import InjectRequest, InjectResult, Injection, injection_file_name, read_injection
 from protocol.lighthouse import lighthouse_unreachable
+from protocol.quarantine import take_quarantine
 from service.agent.config import AgentSettings
 from service.agent.forwarder import EventForwarder
 from service.agent.spare import WarmSpare
@@ -53,7 +54,8 @@ class Agent:
             forwarder.emit_process(action, **fields)
 
         supervisor = GroupSupervisor(command, settings.pid_path, on_process_event, settings.auto_rejoin_delay_s, spare,
-                                     lighthouse_away=lambda: _lighthouse_away(settings.lighthouse))
+                                     lighthouse_away=lambda: _lighthouse_away(settings.lighthouse),
+                                     take_quarantine=lambda: take_quarantine(settings.events_dir, settings.group))
         if settings.watchdog:
             watchdog = Watchdog(settings.watchdog_settings(), settings.events_dir, settings.group,
                                 settings.ranks_per_group, supervisor.pids, supervisor.end_hung)
@@ -67,6 +69,7 @@ class Agent:
         """At start: end what a dead predecessor left, start forwarding, start the group."""
         self.settings.events_dir.mkdir(parents=True, exist_ok=True)
         self.supervisor.reap_orphans()
+        take_quarantine(self.settings.events_dir, self.settings.group)  # a predecessor's, about ranks now gone
         self.forwarder.start()
         if self.watchdog:
             self.watchdog.start()
@@ -89,13 +92,15 @@ class Agent:
 
     def inject(self, request: InjectRequest) -> InjectResult:
         """A drill's fault, now: SIGSTOP the ranks, or have them sleep inside their next step
-        (stuck) or before every forward for a while (slow)."""
+        (stuck) or before every forward for a while (slow), corrupt a gradient of one of them
+        (corrupt), or measure their updates for a while (watch)."""
         ranks = self.rank_pids()
-        if request.rank is not None:
-            ranks = {r: p for r, p in ranks.items() if r == request.rank}
+        rank = 0 if request.kind == "corrupt" and request.rank is None else request.rank  # corruption is one chip's
+        if rank is not None:
+            ranks = {r: p for r, p in ranks.items() if r == rank}
         if not ranks:
             raise StateConflict(f"group {self.settings.group} has no rank up"
-                                + (f" with rank {request.rank}" if request.rank is not None else "")
+                                + (f" with rank {rank}" if rank is not None else "")
                                 + "; start it (or wait for it) first")
         at = time.time()
         if request.kind == "stop":
@@ -104,8 +109,9 @@ class Agent:
         else:
             path = self.settings.events_dir / injection_file_name(self.settings.group)
             previous = read_injection(path)
-            injection = Injection(id=(previous.id if previous else 0) + 1, kind=request.kind, rank=request.rank,
-                                  pids=sorted(ranks.values()), seconds=request.seconds, delay_s=request.delay_ms / 1000, until=at + request.seconds)
+            injection = Injection(id=(previous.id if previous else 0) + 1, kind=request.kind, rank=rank,
+                                  pids=sorted(ranks.values()), seconds=request.seconds, delay_s=request.delay_ms / 1000,
+                                  until=at + request.seconds, scale=request.scale, persistent=request.persistent)
             write_model(path, injection)
         return InjectResult(group=self.settings.group, kind=request.kind, ranks=sorted(ranks),
                             pids=sorted(ranks.values()), at=at)

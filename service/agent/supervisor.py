@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Callable
 
 from protocol.events import ExitKind
 from protocol.agent import LastExit
+from protocol.quarantine import Quarantine
 from protocol.torchrun import torchrun_argv, torchrun_env
 from service.proctree import REAPED_S, end_tree, kill_tree, process_tree, signal_tree, wait_gone
 
@@ -74,12 +75,15 @@ LIGHTHOUSE_POLL_S = 0.5
 class GroupSupervisor:
     def __init__(self, command: GroupCommand, pid_path: Path, on_event: Callable[..., None],
                  auto_rejoin_delay_s: float | None, spare: "WarmSpare | None" = None,
-                 lighthouse_away: Callable[[], str | None] = lambda: None):
+                 lighthouse_away: Callable[[], str | None] = lambda: None,
+                 take_quarantine: Callable[[], Quarantine | None] = lambda: None):
         """``lighthouse_away`` says why the Lighthouse takes no connection (None: it does). An
         automatic restart waits for it: a group started without it stops again at once, and a
-        Lighthouse away long enough stops every group (exit reason lighthouse-away)."""
+        Lighthouse away long enough stops every group (exit reason lighthouse-away).
+        ``take_quarantine`` reads why the group's ranks quarantined themselves (None: they did not)."""
         self.command = command
         self.lighthouse_away = lighthouse_away
+        self.take_quarantine = take_quarantine
         self.group = command.group
         self.pid_path = pid_path
         self.on_event = on_event
@@ -136,7 +140,11 @@ class GroupSupervisor:
         with self._lock:
             if self._intent is not None or proc is not self.proc:
                 return
-        self._exited(proc, "finished" if code == 0 else "crashed")
+        quarantine = self.take_quarantine()
+        if quarantine is not None:
+            self._exited(proc, "quarantined", quarantine.reason)
+        else:
+            self._exited(proc, "finished" if code == 0 else "crashed")
 
     def _exited(self, proc: subprocess.Popen, kind: ExitKind, detail: str | None = None) -> None:
         code = proc.wait()
@@ -145,6 +153,16 @@ class GroupSupervisor:
         self.on_event(kind, pid=proc.pid, returncode=code, detail=detail)
         if kind in ("killed", "crashed", "hung") and self.auto_rejoin_delay_s is not None:
             threading.Thread(target=self._auto_rejoin, name=f"auto-rejoin-{self.group}", daemon=True).start()
+        elif kind == "quarantined" and self.spare and self.spare.state() == "ready":
+            self._replace_by_spare()
+
+    def _replace_by_spare(self) -> None:
+        """A quarantined group's ranks are not started again (their hardware is suspect); its
+        warm spare, built elsewhere, takes its place and heals from a peer."""
+        try:
+            self.start()
+        except StateConflict:
+            pass
 
     def _auto_rejoin(self) -> None:
         if self._shutdown.wait(self.auto_rejoin_delay_s):

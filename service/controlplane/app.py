@@ -26,7 +26,7 @@ from service.controlplane.ingest import Ingestor
 from service.controlplane.lighthouse import LighthouseClient
 from service.controlplane.liveness import LivenessMonitor
 from service.controlplane.metrics import JobMetrics, StateCollector
-from service.controlplane.routers import drills, events, goodput as goodput_router, groups, health, quorum, stragglers
+from service.controlplane.routers import drills, events, goodput as goodput_router, groups, health, quorum, sdc, stragglers
 from service.controlplane.settings import ControlPlaneSettings
 from service.controlplane.straggler_policy import StragglerResponder
 from service.controlplane.stragglers import StragglerTracker
@@ -104,4 +104,5 @@ def create_app(settings: ControlPlaneSettings) -> FastAPI:
     app.include_router(drills.mutating, dependencies=auth)
     app.include_router(goodput_router.router)
     app.include_router(stragglers.router)
+    app.include_router(sdc.router)
     return app

@@ -120,6 +120,17 @@ class Store:
                           [*args, limit])
         return [{"id": r["id"], **json.loads(r["body"])} for r in rows]
 
+    def newest_events(self, type_: str, limit: int) -> list[Event]:
+        """The newest ``limit`` events of a type, oldest first."""
+        rows = self._rows("SELECT body FROM events WHERE type = ? ORDER BY id DESC LIMIT ?", [type_, limit])
+        return [EVENT_ADAPTER.validate_json(r["body"]) for r in reversed(rows)]
+
+    def count_by(self, type_: str, field: str) -> dict[str, int]:
+        """How many events of a type have each value of a top-level field."""
+        rows = self._rows("SELECT json_extract(body, ?) AS v, COUNT(*) AS n FROM events WHERE type = ? GROUP BY v",
+                          [f"$.{field}", type_])
+        return {r["v"]: r["n"] for r in rows}
+
     def latest_event(self, group: int, type_: str, rank: int | None = 0, where_json: str | None = None) -> Event | None:
         sql = "SELECT body FROM events WHERE grp = ? AND type = ?"
         args: list[Any] = [group, type_]

@@ -17,7 +17,7 @@ from service.controlplane.group_control import GroupControl
 from service.controlplane.groups import GroupBoard, GroupView
 from service.controlplane.ingest import Ingestor
 from service.controlplane.lighthouse import LighthouseClient
-from service.controlplane.models import GroupOut, HealOut, StragglerOut, TransitionOut
+from service.controlplane.models import GroupOut, HealOut, SdcIncidentOut, StragglerOut, TransitionOut
 from service.controlplane.settings import ControlPlaneSettings
 from service.controlplane.stragglers import StragglerTracker
 
@@ -62,7 +62,7 @@ GroupDep = Annotated[GroupView, Depends(_group_from_path)]
 def group_out(view: GroupView, with_transitions: bool = False) -> GroupOut:
     t = view.transition
     heal = view.last_heal
-    flag = view.straggler
+    flag, sdc = view.straggler, view.last_sdc
     return GroupOut(
         group=view.group, state=view.state, down_reason=view.down_reason,
         since=t.ts if t else None, step=view.step, loss=view.loss, participants=view.participants,
@@ -73,6 +73,8 @@ def group_out(view: GroupView, with_transitions: bool = False) -> GroupOut:
         straggler=StragglerOut(since=flag.ts, slowdown=flag.slowdown, relative=flag.relative,
                                individual=flag.individual, policy_action=flag.policy_action, detail=flag.detail)
         if flag else None,
+        last_sdc=SdcIncidentOut(ts=sdc.ts, step=sdc.step, verdict=sdc.verdict, action=sdc.action,
+                                norm=sdc.norms.get(view.group), reference_norm=sdc.reference_norm) if sdc else None,
         transitions=[TransitionOut(state=h.state, reason=h.reason, ts=h.ts) for h in view.history]
         if with_transitions else None,
     )

@@ -2,7 +2,8 @@
 
 One drill runs at a time, and holds the groups while it runs: kill-heal and hang
 (``kill_heal.py``), lighthouse (``lighthouse_drill.py``), chaos (``chaos.py``) or straggler
-(``straggler_drill.py``; the straggler policy may still evict while it runs). Each keeps its
+(``straggler_drill.py``; the straggler policy may still evict while it runs) or corrupt
+(``corrupt_drill.py``). Each keeps its
 report in the drills table as it goes, so a client polling it watches the phases; a drill that
 cannot go on ends ``failed`` with the phase and the reason.
 """
@@ -23,7 +24,15 @@ from service.controlplane.chaos import ChaosRun
 from service.controlplane.kill_heal import KillHealRun
 from service.controlplane.lighthouse import LighthouseClient
 from service.controlplane.lighthouse_drill import LighthouseRun
-from service.controlplane.models import ChaosReport, HangReport, KillHealReport, LighthouseReport, StragglerReport
+from service.controlplane.corrupt_drill import CorruptRun
+from service.controlplane.models import (
+    ChaosReport,
+    CorruptReport,
+    HangReport,
+    KillHealReport,
+    LighthouseReport,
+    StragglerReport,
+)
 from service.controlplane.settings import ControlPlaneSettings
 from service.controlplane.straggler_drill import StragglerRun
 from service.controlplane.stragglers import StragglerTracker
@@ -101,8 +110,20 @@ class DrillRunner:
                                 f"training now: {', '.join(map(str, training)) or 'none'}")
         return self._start("straggler", report.group, report, lambda ctx: StragglerRun(ctx, report, self.stragglers).run())
 
+    def start_corrupt(self, report: CorruptReport, timeout_s: float | None) -> int:
+        self._check_idle()
+        self.control.require_up(report.group)
+        if report.rank >= self.settings.ranks_per_group:
+            raise DrillConflict(f"group {report.group} has ranks 0..{self.settings.ranks_per_group - 1}, not {report.rank}")
+        training = [g for g, v in self.control.board.views.items() if v.state == "training"]
+        if report.group not in training or len(training) < 2:
+            raise DrillConflict(f"the corruption drill needs group {report.group} and another group training (the "
+                                f"check compares groups); training now: {', '.join(map(str, training)) or 'none'}")
+        timeout = timeout_s or self.settings.drill_timeout_s
+        return self._start("corrupt", report.group, report, lambda ctx: CorruptRun(ctx, report, timeout).run())
+
     def _start(self, kind: str, group: int | None,
-               report: KillHealReport | LighthouseReport | ChaosReport | StragglerReport,
+               report: KillHealReport | LighthouseReport | ChaosReport | StragglerReport | CorruptReport,
                run: Callable[[DrillContext], Awaitable[None]]) -> int:
         drill_id = self.store.create_drill(kind, group, report.model_dump())
         self.current_id = drill_id

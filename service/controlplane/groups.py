@@ -15,7 +15,16 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
-from protocol.events import Event, HealEvent, ProcessEvent, StartEvent, StepEvent, StragglerEvent, speaks_for_group
+from protocol.events import (
+    Event,
+    HealEvent,
+    ProcessEvent,
+    SdcEvent,
+    StartEvent,
+    StepEvent,
+    StragglerEvent,
+    speaks_for_group,
+)
 from service.controlplane.db import Store
 
 State = Literal["starting", "joining", "healing", "training", "down"]
@@ -71,6 +80,8 @@ class GroupView:
     pid: int | None = None
     straggler: StragglerEvent | None = None
     """the detector's flag, while it stands"""
+    last_sdc: SdcEvent | None = None
+    """the gradient check's latest incident in this group"""
     starts: int = 0
     history: list[Transition] = field(default_factory=list)
 
@@ -98,6 +109,8 @@ class GroupView:
                 self.starts += 1
             case StragglerEvent():
                 self.straggler = event if event.action == "flagged" else None
+            case SdcEvent():
+                self.last_sdc = event
 
     def apply(self, transition: Transition) -> None:
         self.transition = transition
@@ -118,7 +131,7 @@ class GroupBoard:
             for t in self.store.transitions(g):
                 view.apply(Transition(t["state"], t["reason"], t["ts"]))
             for type_, rank, where in (("process", None, None), ("heal", 0, None), ("straggler", None, None),
-                                       ("step", 0, "json_extract(body, '$.committed') = 1")):
+                                       ("sdc", 0, None), ("step", 0, "json_extract(body, '$.committed') = 1")):
                 latest = self.store.latest_event(g, type_, rank=rank, where_json=where)
                 if latest is not None:
                     view.note(latest)
@@ -138,12 +151,18 @@ class GroupBoard:
         steps = [v.step_s for v in self.views.values() if v.step_s]
         return statistics.median(steps) if steps else None
 
-    def force(self, group: int, state: State, reason: str | None, since: float) -> Transition:
-        """A transition the control plane itself decided (it just killed or rejoined the group).
+    def force(self, group: int, state: State, reason: str | None, since: float) -> Transition | None:
+        """A transition the control plane itself decided (it just killed or rejoined the group);
+        None when the group's own events already told a newer state.
 
         ``since`` is when the command was sent, not when the agent answered: the group's own
-        events (a promoted spare's start, say) can precede the answer and must not look stale.
+        events (its agent's ``killed``, then a promoted spare's start) can precede the answer,
+        and then they are the newer truth; forcing the command's state over them would leave a
+        group that trains on shown down.
         """
+        current = self.views[group].transition
+        if current is not None and current.ts > since:
+            return None
         transition = Transition(state, reason, since)
         self._apply(group, transition)
         return transition

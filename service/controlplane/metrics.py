@@ -9,9 +9,10 @@ there from the start at 0, so ``increase()`` sees the first kill instead of a ne
 
 from __future__ import annotations
 
+import math
 from typing import Callable, get_args
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from protocol.events import (
@@ -22,8 +23,10 @@ from protocol.events import (
     HealEvent,
     ProcessEvent,
     QuorumEvent,
+    SdcEvent,
     StepEvent,
     StragglerEvent,
+    Verdict,
     speaks_for_group,
 )
 from service.controlplane.db import Store
@@ -36,7 +39,7 @@ from service.controlplane.stragglers import Pattern, StragglerTracker
 STEP_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10)
 CODES = ("unknown", *STATES)  # dashboards/quorum.py maps these numbers back to names
 HEAL_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120)
-DRILL_KINDS = ("kill-heal", "hang", "lighthouse", "chaos", "straggler")
+DRILL_KINDS = ("kill-heal", "hang", "lighthouse", "chaos", "straggler", "corrupt")
 FAULT_CLASSES = {"crash": ("kill-heal", "survivors_resume_s"), "hang": ("hang", "survivors_resume_s"),
                  "lighthouse": ("lighthouse", "max_pause_s")}
 """Fault class → the drill that measures it, and its report's key for "the job trains again"
@@ -74,14 +77,23 @@ class JobMetrics:
                                             buckets=HEAL_BUCKETS, registry=r)
         self.stragglers = Counter("ftctl_stragglers_flagged_total", "times the detector flagged a group as a "
                                   "persistent straggler", ["group"], registry=r)
+        self.sdc_incidents = Counter("ftctl_sdc_incidents_total", "gradients the check found abnormal, by the group "
+                                     "and the reruns' verdict", ["group", "verdict"], registry=r)
+        self.skipped_steps = Counter("ftctl_steps_skipped_total", "steps a group committed without an optimizer step: "
+                                     "a gradient failed the check", ["group"], registry=r)
+        self.grad_norm = Gauge("ftctl_gradient_norm", "the group's own gradient norm at its last step, before it "
+                               "crossed groups (NaN: not finite)", ["group"], registry=r)
         self.events = Counter("ftctl_events_received_total", "events accepted from agents", registry=r)
         self.rejected = Counter("ftctl_events_rejected_total", "events refused as invalid", registry=r)
         for g in map(str, range(groups)):
             for per_group in (self.compute, self.allreduce, self.commits, self.commit_failures, self.heals,
-                              self.heal_seconds, self.heal_bytes, self.starts, self.quorum_changes, self.stragglers):
+                              self.heal_seconds, self.heal_bytes, self.starts, self.quorum_changes, self.stragglers,
+                              self.skipped_steps):
                 per_group.labels(g)
             for reason in get_args(ExitKind):
                 self.exits.labels(g, reason)
+            for verdict in get_args(Verdict):
+                self.sdc_incidents.labels(g, verdict)
         self.last_checkpoint_ts = 0.0
         self.fingerprints = FingerprintBook(keep_steps=FINGERPRINT_STEPS)
         self.fingerprint_mismatch = 0.0
@@ -98,12 +110,18 @@ class JobMetrics:
                 self._fingerprint(e)
             case StragglerEvent(action="flagged"):
                 self.stragglers.labels(g).inc()
+            case SdcEvent():
+                self.sdc_incidents.labels(g, e.verdict).inc()
             case _ if not speaks_for_group(e):
                 pass
             case StepEvent():
                 self.compute.labels(g).observe(e.compute_s)
                 self.allreduce.labels(g).observe(e.allreduce_s)
                 (self.commits if e.committed else self.commit_failures).labels(g).inc()
+                if e.skipped:
+                    self.skipped_steps.labels(g).inc()
+                if e.grad_norm is not None or e.skipped:
+                    self.grad_norm.labels(g).set(e.grad_norm if e.grad_norm is not None else math.nan)
             case HealEvent():
                 self.heals.labels(g).inc()
                 self.heal_seconds.labels(g).observe(e.fetch_s + e.load_s)

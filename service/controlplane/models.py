@@ -7,8 +7,8 @@ from typing import Annotated, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field
 
 from protocol.agent import CommandResult
-from protocol.events import ExitKind
-from protocol.injection import InjectedKind
+from protocol.events import ExitKind, SdcEvent, Verdict
+from protocol.injection import HangKind
 from protocol.lighthouse import MAX_HOLD_S, Heartbeat, LighthouseStatus
 
 
@@ -38,10 +38,21 @@ class StragglerOut(BaseModel):
     detail: str
 
 
+class SdcIncidentOut(BaseModel):
+    """The gradient check's latest incident in this group (its ``sdc`` event)."""
+
+    ts: float
+    step: int
+    verdict: Verdict
+    action: Literal["skipped", "quarantined"]
+    norm: float | None = Field(description="its gradient norm (null: not finite)")
+    reference_norm: float | None = Field(description="the other groups' median")
+
+
 class GroupOut(BaseModel):
     group: int
     state: Literal["unknown", "starting", "joining", "healing", "training", "down"]
-    down_reason: ExitKind | None = Field(None, description="killed, crashed, hung, lost, evicted, stopped or finished, "
+    down_reason: ExitKind | None = Field(None, description="killed, crashed, hung, lost, evicted, quarantined, stopped or finished, "
                                          "when down")
     since: float | None = Field(None, description="when the group entered its state")
     step: int | None = Field(None, description="last committed step its rank 0 reported")
@@ -54,6 +65,7 @@ class GroupOut(BaseModel):
     pid: int | None = None
     restarts: int = 0
     straggler: StragglerOut | None = Field(None, description="set while the detector flags the group")
+    last_sdc: SdcIncidentOut | None = Field(None, description="the gradient check's latest incident in the group")
     transitions: list[TransitionOut] | None = Field(None, description="every transition (GET /groups/{g} only)")
 
 
@@ -123,7 +135,7 @@ class HangIn(BaseModel):
     kind: Literal["hang"]
     group: int = Field(ge=0)
     rank: int | None = Field(None, ge=0, description="only this rank of the group (default: every rank)")
-    mode: InjectedKind = Field("stop", description="stop: SIGSTOP the ranks; stuck: the rank sleeps inside its step")
+    mode: HangKind = Field("stop", description="stop: SIGSTOP the ranks; stuck: the rank sleeps inside its step")
     timeout_s: float | None = Field(None, gt=0, le=3600, description="per phase; default from settings")
 
 
@@ -166,7 +178,24 @@ class StragglerIn(BaseModel):
                                                      "(default: the job's --straggler-policy)")
 
 
-DrillIn = Annotated[Union[KillHealIn, HangIn, LighthouseIn, ChaosIn, StragglerIn], Field(discriminator="kind")]
+class CorruptIn(BaseModel):
+    """Corrupt one gradient element on one rank of a group, once or every step; the gradient
+    check must skip the step everywhere and attribute it (with the check off: see it applied)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["corrupt"]
+    group: int = Field(ge=0)
+    scale: float = Field(1e4, description="the factor the element is multiplied by")
+    persistent: bool = Field(False, description="every step, as a bad chip would (default: once)")
+    rank: int = Field(0, ge=0, description="the rank whose gradient is corrupted")
+    baseline_s: float = Field(5.0, gt=0, le=3600, description="normal steps watched before")
+    after_steps: int = Field(5, ge=1, le=1000, description="steps watched after the corrupted one")
+    timeout_s: float | None = Field(None, gt=0, le=3600, description="per phase; default from settings")
+
+
+DrillIn = Annotated[Union[KillHealIn, HangIn, LighthouseIn, ChaosIn, StragglerIn, CorruptIn],
+                    Field(discriminator="kind")]
 
 
 class ChaosKill(BaseModel):
@@ -233,7 +262,7 @@ class KillHealReport(BaseModel):
 class HangReport(KillHealReport):
     """A kill-heal drill whose fault is a hang: nothing dies until the watchdog ends the group."""
 
-    mode: InjectedKind = "stop"
+    mode: HangKind = "stop"
     rank: int | None = None
     ended_at: float | None = Field(None, description="the group's processes ended (the watchdog's kill)")
     detected_by: Literal["watchdog", "agent"] | None = Field(
@@ -312,6 +341,68 @@ class StragglerReport(BaseModel):
     median_step_s: dict[str, float | None] = Field(default_factory=dict, description="before, during, after")
 
 
+class CorruptStep(BaseModel):
+    """One group's step around the corruption. The group's norms are the root of its ranks' squares."""
+
+    step: int = Field(description="the step whose batch was trained")
+    group: int
+    loss: float | None = Field(None, description="null on a step that trained no batch of the job's state (healing, "
+                               "not participating)")
+    skipped: bool = False
+    grad_norm: float | None = Field(None, description="the group's own gradient norm before crossing (the check)")
+    applied_grad_norm: float | None = Field(None, description="norm of the averaged gradient the optimizer took")
+    update_norm: float | None = Field(None, description="norm of the parameter update applied")
+
+
+class CorruptReport(BaseModel):
+    """What a corruption drill measured. Times are Unix seconds; *_s are durations."""
+
+    group: int
+    scale: float
+    persistent: bool
+    rank: int
+    baseline_s: float
+    after_steps: int
+    phase: str = "starting"
+    sdc_check: bool | None = Field(None, description="whether the job runs with the gradient check (seen in its steps)")
+    injected_at: float | None = None
+    step: int | None = Field(None, description="the corrupted step (with the check off: where the applied gradient "
+                             "norm peaked)")
+    detected_group: int | None = Field(None, description="the group the check flagged")
+    detect_s: float | None = Field(None, description="injection → the check's verdict reached the control plane")
+    norms: dict[str, float | None] = Field(default_factory=dict, description="group → its norm at the step")
+    reference_norm: float | None = None
+    rerun_norm: float | None = None
+    checker_group: int | None = None
+    checker_norm: float | None = None
+    verdict: Verdict | None = None
+    action: Literal["skipped", "quarantined", "applied"] | None = Field(
+        None, description="skipped: every group skipped the step; quarantined: the group left, its spare took its "
+        "place; applied: no check, the corrupted gradient reached every group's optimizer")
+    quarantined_at: float | None = None
+    replaced_at: float | None = Field(None, description="the replacement's healed commit")
+    replace_s: float | None = Field(None, description="quarantine → the replacement's healed commit")
+    update_ratio: dict[str, float | None] = Field(
+        default_factory=dict, description="group → its largest update norm from the step on, over its median before")
+    applied_grad_ratio: dict[str, float | None] = Field(
+        default_factory=dict, description="group → its largest applied gradient norm from the step on, over its "
+        "median before")
+    loss_change: dict[str, float | None] = Field(
+        default_factory=dict, description="group → mean loss of the steps after the corrupted one minus that of "
+        "the steps before")
+    steps: list[CorruptStep] = Field(default_factory=list, description="the watched steps around it")
+    fingerprint_step: int | None = None
+    fingerprints_equal: bool | None = None
+
+
+class SdcOut(BaseModel):
+    """The gradient check's incidents: each an abnormal gradient norm, the step skipped in every
+    group, and the reruns' verdict."""
+
+    counts: dict[Verdict, int] = Field(description="incidents by verdict, since the job began")
+    incidents: list[SdcEvent] = Field(description="the newest incidents, oldest first")
+
+
 class StragglerScoreOut(BaseModel):
     group: int
     compute_s: float = Field(description="median compute time over the window")
@@ -343,7 +434,7 @@ class DrillOut(BaseModel):
     error: str | None = None
     fingerprints_equal: bool | None = None
     goodput: float | None = None
-    report: HangReport | KillHealReport | LighthouseReport | ChaosReport | StragglerReport
+    report: HangReport | KillHealReport | LighthouseReport | ChaosReport | StragglerReport | CorruptReport
 
 
 class DrillList(BaseModel):

@@ -6,6 +6,8 @@ from service.controlplane.deps import ServicesDep, find_group
 from service.controlplane.errors import UnknownDrill
 from service.controlplane.models import (
     ChaosReport,
+    CorruptIn,
+    CorruptReport,
     DrillIn,
     DrillList,
     DrillOut,
@@ -24,7 +26,7 @@ mutating = APIRouter(prefix="/api/v1/drills", tags=["drills"])
 
 
 REPORTS = {"kill-heal": KillHealReport, "hang": HangReport, "lighthouse": LighthouseReport, "chaos": ChaosReport,
-           "straggler": StragglerReport}
+           "straggler": StragglerReport, "corrupt": CorruptReport}
 
 
 def drill_out(row: dict) -> DrillOut:
@@ -48,6 +50,9 @@ async def start_drill(body: DrillIn, response: Response, s: ServicesDep) -> Dril
         find_group(s, body.group)
         drill_id = s.drills.start_straggler(StragglerReport(**body.model_dump(exclude={"kind", "policy"}),
                                                             policy=body.policy or s.settings.straggler_policy))
+    elif isinstance(body, CorruptIn):
+        find_group(s, body.group)
+        drill_id = s.drills.start_corrupt(CorruptReport(**body.model_dump(exclude={"kind", "timeout_s"})), body.timeout_s)
     else:
         drill_id = s.drills.start_chaos(ChaosReport(**body.model_dump(exclude={"kind"})))
     response.headers["Location"] = f"/api/v1/drills/{drill_id}"

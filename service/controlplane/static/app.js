@@ -1,7 +1,8 @@
 // The control plane's own live page: no framework, no CDN, everything from this server.
 "use strict";
 const COLORS = ["#58a6ff", "#3fb950", "#d29922", "#bc8cff", "#f85149", "#39c5cf"];
-const NOTABLE = new Set(["process", "heal", "quorum", "commit_failed", "checkpoint", "exit", "straggler"]);
+const NOTABLE = new Set(["process", "heal", "quorum", "commit_failed", "checkpoint", "exit", "straggler", "sdc"]);
+const SDC_BADGE_S = 600;  // a group's latest gradient-check incident stays on its card this long
 const series = { loss: new Map(), step_s: new Map() };  // group -> [[step, value]]
 const $ = (id) => document.getElementById(id);
 const tokenInput = $("token");
@@ -25,6 +26,7 @@ async function api(method, path, body) {
   return data;
 }
 
+const fmt = (v) => (v === null || v === undefined ? "not finite" : Number(v).toPrecision(3));
 const age = (ts) => { if (!ts) return "-"; const s = Date.now() / 1000 - ts; return s < 120 ? `${s.toFixed(0)}s` : `${(s / 60).toFixed(0)}m`; };
 
 function renderGroups(groups) {
@@ -34,7 +36,7 @@ function renderGroups(groups) {
     if (!card) {
       card = document.createElement("article");
       card.id = `group-${g.group}`;
-      card.innerHTML = `<h3><span>group ${g.group}</span><span class="badge straggler" hidden></span><span class="state"></span></h3><div class="step"></div>
+      card.innerHTML = `<h3><span>group ${g.group}</span><span class="badge straggler" hidden></span><span class="badge sdc" hidden></span><span class="state"></span></h3><div class="step"></div>
         <div class="meta"></div><div class="actions"><button class="kill">Kill</button><button class="ghost rejoin">Rejoin</button></div>`;
       card.querySelector(".kill").addEventListener("click", () => command(g.group, "kill"));
       card.querySelector(".rejoin").addEventListener("click", () => command(g.group, "rejoin"));
@@ -50,6 +52,13 @@ function renderGroups(groups) {
     if (g.straggler) {
       badge.textContent = `straggler ×${(g.straggler.slowdown ?? 1).toFixed(2)}`;
       badge.title = g.straggler.detail;
+    }
+    const sdc = card.querySelector(".badge.sdc");
+    sdc.hidden = !g.last_sdc || Date.now() / 1000 - g.last_sdc.ts > SDC_BADGE_S;
+    if (g.last_sdc) {
+      sdc.textContent = `SDC ${g.last_sdc.verdict}`;
+      sdc.title = `step ${g.last_sdc.step}: gradient norm ${fmt(g.last_sdc.norm)} against the others' ${fmt(g.last_sdc.reference_norm)}; ` +
+        `the step was skipped in every group (${g.last_sdc.action}), ${age(g.last_sdc.ts)} ago`;
     }
     card.querySelector(".step").textContent = g.step ?? "–";
     const heal = g.last_heal ? `last heal: step ${g.last_heal.step} from g${g.last_heal.source_group}, ` +
@@ -106,6 +115,8 @@ function describe(e) {
     case "checkpoint": return `checkpoint ${e.action} at step ${e.step} (${e.seconds.toFixed(2)}s)`;
     case "exit": return `exit: ${e.reason} at step ${e.step}`;
     case "straggler": return `straggler ${e.action}: ${e.detail}`;
+    case "sdc": return `gradient check at step ${e.step}: norm ${fmt(e.norms[e.group])} against the others' ${fmt(e.reference_norm)}; ` +
+      `rerun ${fmt(e.rerun_norm)}, group ${e.checker_group ?? "-"}'s ${fmt(e.checker_norm)}: ${e.verdict}, ${e.action}`;
     default: return e.type;
   }
 }
