@@ -20,7 +20,7 @@ from protocol.torchrun import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
-TOKEN = "bench-token"
+TOKEN = "bench-token-0123456789abcdef"
 STOP_GRACE_S = 120.0
 """`ftctl up` stops agents (each its group), the control plane and the Lighthouse in turn."""
 

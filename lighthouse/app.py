@@ -14,6 +14,7 @@ from lighthouse.config import LighthouseSettings
 from lighthouse.status import StatusFormatError, parse_status
 from lighthouse.supervisor import LighthouseSupervisor
 from protocol.auth import require_token
+from protocol.http_guard import guard
 from protocol.lighthouse import (
     HEALTH_PATH,
     KILL_PATH,
@@ -85,10 +86,19 @@ def create_app(settings: LighthouseSettings, supervisor: LighthouseSupervisor) -
         await client.aclose()
 
     app = FastAPI(title="torchft Lighthouse wrapper", lifespan=lifespan)
+    tokens = [settings.token] if settings.token else []
 
-    @app.get(STATUS_PATH, response_model=LighthouseStatus)
+    def accepted(path: str) -> list[str]:
+        return tokens
+
+    guard(app, accepted, [*settings.allowed_hosts, settings.api_host])
+
+    @app.get(STATUS_PATH, response_model=LighthouseStatus, responses={401: {}, 403: {}},
+             dependencies=[Depends(require_token(accepted))] if settings.token else [])
     async def status() -> LighthouseStatus:
-        """The quorum as the Lighthouse sees it (parsed from its /status page)."""
+        """The quorum as the Lighthouse sees it (parsed from its /status page): full replica ids and
+        Manager addresses, so with a token set only for its holder (torchft's own page stays open
+        on the Lighthouse's port: keep that port on the job's network)."""
         return await fetch()
 
     @app.get(HEALTH_PATH, response_model=LighthouseHealth, responses={503: {"model": LighthouseHealth}})
@@ -104,12 +114,7 @@ def create_app(settings: LighthouseSettings, supervisor: LighthouseSupervisor) -
             response.status_code = 503
         return health
 
-    def no_token() -> None:
-        raise HTTPException(403, "this wrapper was started without a token, so it takes no kill: "
-                                 "start it with --token or FTCTL_TOKEN (ftctl up does)")
-
-    @app.post(KILL_PATH, response_model=LighthouseKilled,
-              dependencies=[Depends(require_token(settings.token) if settings.token else no_token)],
+    @app.post(KILL_PATH, response_model=LighthouseKilled, dependencies=[Depends(require_token(accepted))],
               responses={401: {}, 403: {}, 409: {"description": "the Lighthouse is already down"}})
     async def kill(body: LighthouseKill | None = None) -> LighthouseKilled:
         """SIGKILL the Lighthouse, as a node loss would, and restart it after ``down_s`` (at least

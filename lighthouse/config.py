@@ -5,11 +5,13 @@ from __future__ import annotations
 import shutil
 import sys
 from pathlib import Path
+from typing import Annotated
 
-from pydantic import AliasChoices, Field
+from pydantic import AfterValidator, AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from protocol import defaults
+from protocol.tokens import strong_token
 
 
 class LighthouseSettings(BaseSettings):
@@ -33,8 +35,11 @@ class LighthouseSettings(BaseSettings):
     )
     api_host: str = Field(defaults.LOOPBACK, description="where this wrapper serves JSON status, /healthz and /metrics")
     api_port: int = Field(defaults.LIGHTHOUSE_API_PORT, ge=0, le=65535)
-    token: str | None = Field(None, validation_alias=AliasChoices("token", "FTCTL_TOKEN", "FT_LIGHTHOUSE_TOKEN"),
-                              description="bearer token for POST /kill (the Lighthouse drill); none: /kill is refused")
+    token: Annotated[str, AfterValidator(strong_token)] | None = Field(
+        None, validation_alias=AliasChoices("token", "FTCTL_TOKEN", "FT_LIGHTHOUSE_TOKEN"),
+        description="bearer token for POST /kill (the Lighthouse drill); none: /kill is refused")
+    allowed_hosts: list[str] = Field(default_factory=list, description="names this wrapper answers to besides "
+                                     "loopback and --api-host")
     restart_delay_s: float = Field(0.5, ge=0, description="wait before restarting a Lighthouse that died")
     status_timeout_s: float = Field(2.0, gt=0, description="a Lighthouse whose status page takes longer is down")
     stop_timeout_s: float = Field(5.0, gt=0, description="on shutdown: SIGTERM the Lighthouse, SIGKILL it after this")

@@ -12,6 +12,7 @@ import threading
 import time
 
 from lighthouse.config import LighthouseSettings
+from protocol.tokens import without_tokens
 
 log = logging.getLogger("lighthouse")
 
@@ -32,7 +33,7 @@ class LighthouseSupervisor:
         self._thread.start()
 
     def _spawn(self) -> None:
-        env = {**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "warn")}
+        env = {**without_tokens(dict(os.environ)), "RUST_LOG": os.environ.get("RUST_LOG", "warn")}
         with self._lock:
             self.proc = subprocess.Popen(self.settings.command(), env=env)
             self.started_at = time.time()

@@ -42,6 +42,8 @@ class AgentStatus(BaseModel):
     last_exit: LastExit | None
     events_buffered: int
     events_dropped: int = Field(description="events dropped so far: the buffer was full")
+    events_refused: int = Field(0, description="events the control plane refused (a 4xx), dropped and counted")
+    events_invalid: int = Field(0, description="lines in the event files that are no event, skipped")
     events_forwarded: int
     control_plane_reachable: bool
     spare: SpareState | None = Field(None, description="the warm spare, when the agent keeps one")

@@ -1,29 +1,24 @@
-"""The bearer token every mutating endpoint checks: the control plane's, the agents' and the Lighthouse wrapper's."""
+"""The FastAPI dependency that checks a bearer token (``protocol/tokens.py`` holds the rules)."""
 
 from __future__ import annotations
 
-import secrets
 from typing import Callable
 
-from fastapi import Depends, HTTPException
+from fastapi import Depends, HTTPException, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from protocol.tokens import Accepted, refusal
 
 _bearer = HTTPBearer(auto_error=False, description="the token `ftctl up` prints (or FTCTL_TOKEN)")
 
 
-def require_token(token: str) -> Callable:
-    """A FastAPI dependency that accepts only ``Authorization: Bearer <token>``."""
+def require_token(accepted: Accepted) -> Callable:
+    """A FastAPI dependency that accepts only ``Authorization: Bearer <token>`` with an accepted
+    token (the request guard has already refused the rest; this documents the scheme in OpenAPI)."""
 
-    def check(credentials: HTTPAuthorizationCredentials | None = Depends(_bearer)) -> None:
-        if credentials is None:
-            raise HTTPException(401, "missing bearer token: send 'Authorization: Bearer <token>' "
-                                     "(ftctl up printed it; ftctl reads FTCTL_TOKEN)",
-                                headers={"WWW-Authenticate": "Bearer"})
-        if not secrets.compare_digest(credentials.credentials.encode(), token.encode()):
-            raise HTTPException(403, "wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
+    def check(request: Request, credentials: HTTPAuthorizationCredentials | None = Depends(_bearer)) -> None:
+        refused = refusal(credentials.credentials if credentials else None, accepted(request.url.path))
+        if refused is not None:
+            raise HTTPException(refused[0], refused[1], headers={"WWW-Authenticate": "Bearer"})
 
     return check
-
-
-def new_token() -> str:
-    return secrets.token_urlsafe(24)

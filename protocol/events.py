@@ -8,9 +8,18 @@ stream: the trainer builds these models, the agent and the control plane parse t
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Union, get_args
+import itertools
+import secrets
+from typing import Annotated, Any, Literal, Union, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
+
+INT64_MAX = 2**63 - 1
+"""Every integer an event carries fits SQLite's (and Prometheus') 64-bit integers."""
+Count = Annotated[int, Field(ge=0, le=INT64_MAX)]
+"""A step, an id, a number of things: never negative."""
+Seconds = Annotated[float, Field(ge=0)]
+"""A duration (finite: no event carries NaN or infinity)."""
 
 ExitKind = Literal["killed", "crashed", "hung", "lost", "evicted", "quarantined", "stopped", "finished"]
 """How a group's processes ended, as its agent saw it: the reason a group is down. ``hung``:
@@ -27,17 +36,42 @@ abnormal again and another group's rerun of that batch was normal (``persistent`
 group's hardware); or both were abnormal (``data``: the batch itself)."""
 
 
+def _within_int64(value: Any) -> bool:
+    if isinstance(value, bool):
+        return True
+    if isinstance(value, int):
+        return -INT64_MAX - 1 <= value <= INT64_MAX
+    if isinstance(value, dict):
+        return all(_within_int64(k) and _within_int64(v) for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return all(map(_within_int64, value))
+    return True
+
+
 class GroupEvent(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    """What every event carries. Floats are finite (``allow_inf_nan=False``: a value that is
+    not finite travels as null in the fields that allow it) and integers fit 64 bits, so the
+    control plane can store and export whatever validates here."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     ts: float = Field(description="Unix time the event happened")
-    group: int = Field(ge=0, description="stable replica-group id g (never torchft's uuid)")
+    group: Count = Field(description="stable replica-group id g (never torchft's uuid)")
+    eid: str | None = Field(None, min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:-]+$",
+                            description="the event's own id: its writer and its number there. A retry or a "
+                            "re-read carries the same id and is stored once")
+
+    @model_validator(mode="after")
+    def _integers_fit_64_bits(self) -> "GroupEvent":
+        if not all(_within_int64(v) for v in self.__dict__.values()):
+            raise ValueError("an integer does not fit in 64 bits")
+        return self
 
 
 class BaseEvent(GroupEvent):
     """An event a trainer rank writes."""
 
-    rank: int = Field(ge=0, description="rank inside the replica group")
+    rank: Count = Field(description="rank inside the replica group")
 
 
 class ProcessEvent(GroupEvent):
@@ -45,7 +79,7 @@ class ProcessEvent(GroupEvent):
 
     type: Literal["process"] = "process"
     action: Literal["started"] | ExitKind
-    pid: int | None = None
+    pid: Count | None = None
     returncode: int | None = None
     detail: str | None = None
 
@@ -54,41 +88,41 @@ class StartEvent(BaseEvent):
     """A rank is up and about to join the quorum; the startup time split."""
 
     type: Literal["start"] = "start"
-    pid: int
+    pid: Count
     replica_id: str = Field(description="torchft replica id of this start (name:uuid on rank 0)")
-    ranks_per_group: int
+    ranks_per_group: Count
     device: str
     flavor: str
-    parameters: int = Field(description="model parameters (whole model, not the local shard)")
-    imports_s: float = Field(description="process start until torch and torchft are imported")
-    process_group_s: float = Field(description="intra-group process group and device mesh")
-    data_s: float = Field(description="reading the corpus")
-    model_s: float = Field(description="model build, FSDP sharding, optimizer state")
-    checkpoint_s: float = Field(description="looking for and loading a checkpoint")
-    manager_s: float = Field(description="torchft Manager and replicate process group")
-    resumed_step: int = Field(description="step loaded from a checkpoint, 0 when none")
-    spare_wait_s: float = Field(0.0, description="time spent built and waiting as a warm spare")
+    parameters: Count = Field(description="model parameters (whole model, not the local shard)")
+    imports_s: Seconds = Field(description="process start until torch and torchft are imported")
+    process_group_s: Seconds = Field(description="intra-group process group and device mesh")
+    data_s: Seconds = Field(description="reading the corpus")
+    model_s: Seconds = Field(description="model build, FSDP sharding, optimizer state")
+    checkpoint_s: Seconds = Field(description="looking for and loading a checkpoint")
+    manager_s: Seconds = Field(description="torchft Manager and replicate process group")
+    resumed_step: Count = Field(description="step loaded from a checkpoint, 0 when none")
+    spare_wait_s: Seconds = Field(0.0, description="time spent built and waiting as a warm spare")
 
 
 class StepEvent(BaseEvent):
     """One training step, committed or not."""
 
     type: Literal["step"] = "step"
-    step: int = Field(description="manager step after this step (the step count committed)")
+    step: Count = Field(description="manager step after this step (the step count committed)")
     committed: bool
-    loss: float
+    loss: float | None = Field(description="null when not finite: the training diverged")
     lr: float
-    step_s: float = Field(description="wall time of the whole step")
-    compute_s: float = Field(description="forward, backward and optimizer, minus the waits")
-    allreduce_s: float = Field(description="waiting on the cross-group collectives: the gradient all-reduce and "
+    step_s: Seconds = Field(description="wall time of the whole step")
+    compute_s: Seconds = Field(description="forward, backward and optimizer, minus the waits")
+    allreduce_s: Seconds = Field(description="waiting on the cross-group collectives: the gradient all-reduce and "
                                "the gradient check's exchange of norms")
-    commit_s: float = Field(description="should_commit: agreeing inside and across groups")
+    commit_s: Seconds = Field(description="should_commit: agreeing inside and across groups")
     quorum_id: int
-    participants: int
+    participants: Count
     participating: bool
     healed: bool = Field(description="this step loaded state fetched from a peer")
-    batches_committed: int = Field(description="torchft's count of replica-batches committed")
-    batches_skipped: int = Field(
+    batches_committed: Count = Field(description="torchft's count of replica-batches committed")
+    batches_skipped: Count = Field(
         description="rank-batches never trained: their group was not participating, or the step was skipped"
     )
     grad_norm: float | None = Field(
@@ -103,7 +137,7 @@ class StepEvent(BaseEvent):
         None, description="norm of this rank's shard of the parameter update the step applied; set while a drill "
         "watches the group")
     skipped: bool = Field(False, description="committed without an optimizer step: a gradient failed the check")
-    rerun_s: float = Field(0.0, description="a failed gradient check's reruns (in compute_s too; the norms' "
+    rerun_s: Seconds = Field(0.0, description="a failed gradient check's reruns (in compute_s too; the norms' "
                            "exchanges are in allreduce_s)")
 
 
@@ -113,24 +147,24 @@ class QuorumEvent(BaseEvent):
     type: Literal["quorum"] = "quorum"
     quorum_id: int
     previous_quorum_id: int
-    step: int
-    participants: int
+    step: Count
+    participants: Count
 
 
 class HealEvent(BaseEvent):
     """This rank fetched live state from a peer's same rank and loaded it."""
 
     type: Literal["heal"] = "heal"
-    step: int = Field(description="step the state was taken at")
-    source_group: int
-    bytes: int
-    fetch_s: float = Field(description="fetching the state over the checkpoint transport")
-    load_s: float = Field(description="copying it into the model, optimizer and scheduler")
+    step: Count = Field(description="step the state was taken at")
+    source_group: Count
+    bytes: Count
+    fetch_s: Seconds = Field(description="fetching the state over the checkpoint transport")
+    load_s: Seconds = Field(description="copying it into the model, optimizer and scheduler")
 
 
 class CommitFailedEvent(BaseEvent):
     type: Literal["commit_failed"] = "commit_failed"
-    step: int
+    step: Count
     quorum_id: int
     error: str | None = None
 
@@ -138,8 +172,8 @@ class CommitFailedEvent(BaseEvent):
 class CheckpointEvent(BaseEvent):
     type: Literal["checkpoint"] = "checkpoint"
     action: Literal["saved", "loaded", "skipped"]
-    step: int
-    seconds: float
+    step: Count
+    seconds: Seconds
     path: str
     reason: str | None = Field(None, description="why a checkpoint was skipped")
 
@@ -152,7 +186,7 @@ class FingerprintEvent(BaseEvent):
     """
 
     type: Literal["fingerprint"] = "fingerprint"
-    step: int
+    step: Count
     digest: str
 
 
@@ -161,9 +195,9 @@ class ExitEvent(BaseEvent):
     reason: Literal["done", "stopped", "error", "lighthouse-away", "quarantined"] = Field(
         description="lighthouse-away: no quorum within --quorum-timeout-s and the Lighthouse takes no connection; "
         "quarantined: the gradient check attributed a persistent corruption to this group")
-    step: int
+    step: Count
     error: str | None = None
-    events_dropped: int = Field(0, description="events this rank dropped: its queue was full")
+    events_dropped: Count = Field(0, description="events this rank dropped: its queue was full")
 
 
 class StragglerEvent(GroupEvent):
@@ -178,8 +212,8 @@ class StragglerEvent(GroupEvent):
     individual: float | None = Field(None, description="this group's best median compute over its current one")
     slowdown: float | None = Field(None, description="its median compute over its peers' median")
     slowest_share: float | None = Field(None, description="share of the window's steps it computed longest in")
-    compute_s: float | None = Field(None, description="its median compute time over the window")
-    wait_s: float | None = Field(None, description="its median wait in the cross-group all-reduce")
+    compute_s: Seconds | None = Field(None, description="its median compute time over the window")
+    wait_s: Seconds | None = Field(None, description="its median wait in the cross-group all-reduce")
     keep_cost: float | None = Field(None, description="share of the throughput keeping it costs: 1 - 1/slowdown")
     evict_cost: float | None = Field(None, description="share of the throughput evicting it costs: 1/groups")
     detail: str
@@ -190,18 +224,18 @@ class SdcEvent(BaseEvent):
     rank 0 of the flagged group once the reruns attributed it. Norms are null where not finite."""
 
     type: Literal["sdc"] = "sdc"
-    step: int = Field(description="the step whose batch was checked (its optimizer step skipped everywhere)")
-    norms: dict[int, float | None] = Field(description="group → its gradient norm before crossing groups")
+    step: Count = Field(description="the step whose batch was checked (its optimizer step skipped everywhere)")
+    norms: dict[Count, float | None] = Field(description="group → its gradient norm before crossing groups")
     reference_norm: float | None = Field(description="median norm of the groups not flagged")
     factor: float = Field(description="a norm above factor × the others' median is abnormal")
     rerun_norm: float | None = Field(description="this group's norm when it recomputed the batch")
-    checker_group: int | None = Field(description="the group that recomputed this group's batch")
+    checker_group: Count | None = Field(description="the group that recomputed this group's batch")
     checker_norm: float | None = Field(description="the norm the checker group computed for it")
     verdict: Verdict
     action: Literal["skipped", "quarantined"] = Field(
         description="skipped: the step was skipped and training goes on; quarantined: the group leaves and its "
         "warm spare takes its place")
-    check_s: float = Field(description="time the reruns and the exchanges took")
+    check_s: Seconds = Field(description="time the reruns and the exchanges took")
 
 
 class TorchftLogEvent(BaseEvent):
@@ -236,14 +270,33 @@ Event = Annotated[
 EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
 EVENT_TYPES: tuple[str, ...] = tuple(get_args(m.model_fields["type"].annotation)[0]
                                      for m in get_args(get_args(Event)[0]))
+EventType = Literal[EVENT_TYPES]  # type: ignore[valid-type]
 
 
 def events_file_name(group: int, rank: int) -> str:
     return f"g{group}-r{rank}.jsonl"
 
 
+def agent_events_file_name(group: int) -> str:
+    """Where a group's agent writes its own (process) events, beside its ranks' files."""
+    return f"g{group}-agent.jsonl"
+
+
 def events_file_glob(group: int) -> str:
-    return f"g{group}-r*.jsonl"
+    """Every events file of the group: its ranks' and its agent's."""
+    return f"g{group}-*.jsonl"
+
+
+class EventIds:
+    """Ids for the events one writer makes, ``{writer}-{random}:{n}``: unique across writers and
+    their restarts, so the control plane can store each event once however often it is sent."""
+
+    def __init__(self, writer: str):
+        self.prefix = f"{writer}-{secrets.token_hex(6)}"
+        self._numbers = itertools.count(1)
+
+    def next(self) -> str:
+        return f"{self.prefix}:{next(self._numbers)}"
 
 
 def parse_event(line: str | bytes) -> Event:

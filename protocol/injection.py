@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from protocol.files import read_model
 
@@ -26,15 +26,17 @@ HangKind = Literal["stop", "stuck"]
 
 
 class InjectRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
     kind: InjectedKind = Field(description="stop: SIGSTOP the ranks; stuck: the rank sleeps inside its step; "
                                "slow: the ranks sleep before every forward for a while; corrupt: one element of "
                                "the rank's gradient is scaled (rank 0 unless one is named); watch: the ranks "
                                "measure their update norm for a while")
-    rank: int | None = Field(None, ge=0, description="only this rank of the group (default: every rank)")
+    rank: int | None = Field(None, ge=0, le=1_000_000, description="only this rank of the group (default: every rank)")
     seconds: float = Field(3600.0, gt=0, le=86_400, description="stuck: how long the rank sleeps inside its step; "
                            "slow: how long the ranks stay slow")
     delay_ms: float = Field(0.0, ge=0, le=60_000, description="slow: the sleep before every forward")
-    scale: float = Field(1e4, description="corrupt: the factor the gradient element is multiplied by")
+    scale: float = Field(1e4, ge=-1e30, le=1e30, description="corrupt: the factor the gradient element is multiplied by")
     persistent: bool = Field(False, description="corrupt: every step (for `seconds`), not once")
 
 

@@ -14,6 +14,8 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, Field
 
+from protocol.health import Served
+
 STATUS_PATH = "/status"
 HEALTH_PATH = "/healthz"
 KILL_PATH = "/kill"
@@ -52,9 +54,9 @@ class LighthouseStatus(BaseModel):
     heartbeats: list[Heartbeat] = []
 
 
-class LighthouseHealth(BaseModel):
+class LighthouseHealth(Served):
     ok: bool = Field(description="the Lighthouse process runs and answers its status page")
-    pid: int | None
+    pid: int | None = Field(description="the torchft Lighthouse's own process")
     restarts: int = Field(description="times the wrapper restarted a dead Lighthouse")
     lighthouse_url: str
     error: str | None = None

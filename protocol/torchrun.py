@@ -10,6 +10,7 @@ import os
 import socket
 import sys
 
+from protocol.tokens import without_tokens
 from protocol.defaults import LOOPBACK
 
 
@@ -39,7 +40,8 @@ def torchrun_argv(ranks_per_group: int, trainer_args: list[str], master_addr: st
 
 
 def torchrun_env(base: dict[str, str] | None = None) -> dict[str, str]:
-    env = dict(os.environ if base is None else base)
+    """The environment of a group's torchrun and ranks: no token reaches them."""
+    env = without_tokens(dict(os.environ if base is None else base))
     env.setdefault("OMP_NUM_THREADS", "1")  # the group's ranks share the machine's cores
     env.setdefault("RUST_LOG", "warn")  # torchft's Rust manager logs every quorum at INFO
     return env

@@ -15,15 +15,24 @@ from pydantic import AliasChoices, BaseModel, Field
 from pydantic_settings import BaseSettings, CliPositionalArg, CliSubCommand, SettingsConfigDict
 from rich.console import Console
 from rich.live import Live
+from rich.markup import escape
+from rich.text import Text
 
 from protocol.settings import fail, parse_settings
-from protocol.auth import new_token
-from service.client import DEFAULT_API, DEFAULT_STATE_DIR, ApiError, Connection
-from service.launcher import LocalJob, StartupError, UpSettings
+from protocol.tokens import new_token, token_problem
+from service.client import CONNECTION_FILE, DEFAULT_API, DEFAULT_STATE_DIR, ApiError, Connection
+from service.launcher import LocalJob, StartupError, StateLock, UpSettings
 from service.view import cluster_view, drill_table
 
 console = Console()
 err_console = Console(stderr=True, soft_wrap=True)  # an error stays one line
+
+
+def error(line: str) -> None:
+    """One line on stderr, as it is: text from the server or a user (``[/x]``) is never markup."""
+    err_console.print(f"ftctl: error: {line}", markup=False, highlight=False)
+
+
 DRILL_POLL_S = 0.5
 """How often a running drill's report is read while the terminal shows its phase."""
 
@@ -137,25 +146,41 @@ class Ftctl(BaseSettings):
 
 def cmd_up(cfg: UpSettings) -> int:
     token = os.environ.get("FTCTL_TOKEN") or new_token()
-    job = LocalJob(cfg, token)
+    if (problem := token_problem(token)) is not None:
+        error(f"FTCTL_TOKEN: {problem}; unset it (ftctl up makes a random one) or set "
+              "a random one of 16 characters or more")
+        return 2
+    try:
+        lock = StateLock(cfg.state_dir)
+    except StartupError as err:
+        error(str(err))
+        return 1
+    try:
+        return _run_job(cfg, LocalJob(cfg, token))
+    finally:
+        lock.release()
+
+
+def _run_job(cfg: UpSettings, job: LocalJob) -> int:
     stopping = {"flag": False}
 
     def on_signal(signum, frame):
         stopping["flag"] = True
 
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # SIGHUP: the terminal closed
+        signal.signal(sig, on_signal)
     try:
         with console.status("starting the Lighthouse, the control plane and the agents…"):
             job.start()
     except StartupError as err:
         job.stop()
-        err_console.print(f"ftctl: error: {err}")
+        error(str(err))
         return 1
+    token = job.token if console.is_terminal else f"in {cfg.state_dir / CONNECTION_FILE}"  # never into a log
     header = (f"API  [bold]{cfg.api}[/]  (docs {cfg.api}/docs)   Lighthouse {job.lighthouse_url}\n"
               f"token [bold]{token}[/]   state {cfg.state_dir}/   Ctrl-C stops everything")
     console.print(header.replace("[bold]", "").replace("[/]", ""))
-    conn = Connection(cfg.api, token)
+    conn = Connection(cfg.api, job.token)
     code = 0
     try:
         with Live(console=console, refresh_per_second=2, transient=False) as live:
@@ -169,13 +194,13 @@ def cmd_up(cfg: UpSettings) -> int:
                         console.print(f"all groups finished {cfg.steps} steps")
                         break
                 except ApiError as err:
-                    live.update(f"[red]{err}[/]")
+                    live.update(Text(str(err), style="red"))
                 time.sleep(cfg.refresh)
     finally:
         with console.status("stopping the agents (each stops its group), the control plane, the Lighthouse…"):
             left = job.stop()
         if left:
-            err_console.print(f"ftctl: error: processes still alive after stop: {left}")
+            error(f"processes still alive after stop: {left}")
             code = 1
         else:
             console.print("stopped; no process left behind")
@@ -212,32 +237,32 @@ def cmd_drill(cmd: DrillCommand) -> int:
     else:
         console.print(drill_table(drill))
     if drill["status"] != "done":
-        err_console.print(f"ftctl: error: drill {drill['id']} failed: {drill['error']}")
+        error(f"drill {drill['id']} failed: {drill['error']}")
         return 1
     if cmd.kind == "straggler":
         r = drill["report"]
         if r.get("ended"):
-            err_console.print(f"ftctl: error: drill {drill['id']}: group {r['group']} went down during it ({r['ended']}); "
-                              "a delay over the hang watchdog's step bound is a hang, not a straggler: use a "
-                              "shorter --delay-ms")
+            error(f"drill {drill['id']}: group {r['group']} went down during it ({r['ended']}); "
+                  "a delay over the hang watchdog's step bound is a hang, not a straggler: use a "
+                  "shorter --delay-ms")
             return 1
         if r["detected_group"] != r["group"]:
             found = "nobody" if r["detected_group"] is None else f"group {r['detected_group']}"
-            err_console.print(f"ftctl: error: drill {drill['id']}: the detector flagged {found}, not group {r['group']}; "
-                              "a delay too short for --straggler-factor is not a straggler (try a longer --delay-ms)")
+            error(f"drill {drill['id']}: the detector flagged {found}, not group {r['group']}; "
+                  "a delay too short for --straggler-factor is not a straggler (try a longer --delay-ms)")
             return 1
     elif cmd.kind == "corrupt":
         r = drill["report"]
         if r["sdc_check"] and r["detected_group"] != r["group"]:
             found = "nobody" if r["detected_group"] is None else f"group {r['detected_group']}"
-            err_console.print(f"ftctl: error: drill {drill['id']}: the gradient check flagged {found}, not group "
-                              f"{r['group']}; a --scale this small may hide in the norm: try a larger one")
+            error(f"drill {drill['id']}: the gradient check flagged {found}, not group "
+                  f"{r['group']}; a --scale this small may hide in the norm: try a larger one")
             return 1
         if not drill["fingerprints_equal"]:
-            err_console.print(f"ftctl: error: drill {drill['id']}: groups hold different state afterwards")
+            error(f"drill {drill['id']}: groups hold different state afterwards")
             return 1
     elif cmd.kind != "chaos" and not drill["fingerprints_equal"]:
-        err_console.print(f"ftctl: error: drill {drill['id']}: groups hold different state after the heal")
+        error(f"drill {drill['id']}: groups hold different state after the heal")
         return 1
     return 0
 
@@ -246,7 +271,8 @@ def _print_event(event: dict) -> None:
     rest = {k: v for k, v in event.items() if k not in ("id", "ts", "group", "rank", "type")}
     when = time.strftime("%H:%M:%S", time.localtime(event["ts"]))
     rank = f"r{event['rank']}" if event.get("rank") is not None else "  "
-    console.print(f"{when} g{event['group']} {rank} [bold]{event['type']:<13}[/] {json.dumps(rest)}", highlight=False)
+    console.print(f"{when} g{event['group']} {rank} [bold]{event['type']:<13}[/] {escape(json.dumps(rest))}",
+                  highlight=False)
 
 
 def cmd_events(cmd: EventsCommand) -> int:
@@ -316,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return run(cli)
     except ApiError as err:
-        err_console.print(f"ftctl: error: {err}", highlight=False)
+        error(str(err))
         return 1
 
 

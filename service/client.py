@@ -10,6 +10,7 @@ from pathlib import Path
 import httpx
 
 from protocol import defaults
+from protocol.files import write_private
 
 CONNECTION_FILE = "connection.json"
 DEFAULT_STATE_DIR = Path("ftstate")
@@ -42,10 +43,9 @@ class Connection:
 
     def save(self, state_dir: Path, **extra) -> Path:
         """Write the API address and token (and ``extra``: the other services' addresses)."""
-        state_dir.mkdir(parents=True, exist_ok=True)
+        state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         path = state_dir / CONNECTION_FILE
-        path.touch(mode=0o600)
-        path.write_text(json.dumps({"api": self.api, "token": self.token, **extra}))
+        write_private(path, json.dumps({"api": self.api, "token": self.token, **extra}))
         return path
 
     def client(self, timeout: float | None = REQUEST_TIMEOUT_S) -> httpx.Client:

@@ -2,19 +2,29 @@
 
 Every child runs in a session of its own so a Ctrl-C in the terminal reaches only ftctl,
 which then stops them in order: agents first (each stops its group gracefully), then the
-control plane, then the Lighthouse; whatever is left is killed by pid, tree by tree.
+control plane, then the Lighthouse; whatever is left is killed by pid, tree by tree. Should
+ftctl itself die without that (SIGKILL, a closed terminal), the kernel sends each child SIGTERM
+(``PR_SET_PDEATHSIG``), and each stops what it runs. A lock on the state folder keeps a second
+`ftctl up` out of it, and every service must answer its health check from the very process just
+started: a server left on the port by another job is not taken for ours.
+
+Each child gets only the token it needs: the control plane and the Lighthouse wrapper the job's,
+each agent its group's (``protocol/tokens.py``); the ranks and the torchft Lighthouse none.
 """
 
 from __future__ import annotations
 
+import ctypes
+import fcntl
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from typing import Literal
 from pathlib import Path
+from typing import Literal
 
 import httpx
 from pydantic import BaseModel, Field
@@ -22,6 +32,7 @@ from pydantic import BaseModel, Field
 from protocol import defaults
 from protocol.agent import HEALTH_PATH as AGENT_HEALTH_PATH
 from protocol.lighthouse import HEALTH_PATH as LIGHTHOUSE_HEALTH_PATH
+from protocol.tokens import TOKEN_VARIABLES, group_token
 from protocol.torchrun import free_port
 from service.client import DEFAULT_STATE_DIR, Connection
 from service.proctree import REAPED_S, end_tree, wait_gone
@@ -30,6 +41,38 @@ POLL_S = 0.1
 """How often a starting service is asked whether it answers yet."""
 PROBE_TIMEOUT_S = 1.0
 """A health probe slower than this counts as not answering yet."""
+LOCK_FILE = "ftctl-up.lock"
+PR_SET_PDEATHSIG = 1
+_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGTERM when ftctl dies, however it dies."""
+    if _LIBC is not None:
+        _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+class StateLock:
+    """An exclusive lock on a state folder for as long as this process lives (the kernel drops it
+    with the process); the folder is made private (0700): it holds the token."""
+
+    def __init__(self, state_dir: Path):
+        state_dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(state_dir, 0o700)
+        self.path = state_dir / LOCK_FILE
+        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(self._fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            os.close(self._fd)
+            raise StartupError(f"another ftctl up (pid {holder}) runs on {state_dir}/; stop it first, or pass "
+                               "--state-dir for a second job") from None
+        os.ftruncate(self._fd, 0)
+        os.pwrite(self._fd, str(os.getpid()).encode(), 0)
+
+    def release(self) -> None:
+        os.close(self._fd)
 
 
 class UpSettings(BaseModel):
@@ -111,15 +154,22 @@ class LocalJob:
     def agent_url(self, group: int) -> str:
         return f"http://{defaults.LOOPBACK}:{self.agent_ports[group]}"
 
-    def _popen(self, argv: list[str], log: Path) -> subprocess.Popen:
+    def _env(self, name: str) -> dict[str, str]:
+        """The job's token for the control plane and the Lighthouse wrapper, its group's for an agent."""
+        env = {k: v for k, v in os.environ.items() if k not in TOKEN_VARIABLES}
+        if name.startswith("agent"):
+            return {**env, "FTCTL_AGENT_TOKEN": group_token(self.token, int(name.removeprefix("agent")))}
+        return {**env, "FTCTL_TOKEN": self.token}
+
+    def _popen(self, name: str, argv: list[str], log: Path) -> subprocess.Popen:
         log.parent.mkdir(parents=True, exist_ok=True)
         with open(log, "ab") as out:
             return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                    env={**os.environ, "FTCTL_TOKEN": self.token})
+                                    env=self._env(name), preexec_fn=_die_with_parent)
 
     def _spawn(self, name: str, argv: list[str]) -> Child:
         log = self.cfg.state_dir / "logs" / f"{name}.log"
-        child = Child(name, argv, self._popen(argv, log), log)
+        child = Child(name, argv, self._popen(name, argv, log), log)
         self.children.append(child)
         return child
 
@@ -132,7 +182,7 @@ class LocalJob:
         revived = []
         for child in self.children:
             if child.proc.poll() is not None:
-                child.proc = self._popen(child.argv, child.log)
+                child.proc = self._popen(child.name, child.argv, child.log)
                 child.restarts += 1
                 revived.append(child.name)
         return revived
@@ -144,17 +194,22 @@ class LocalJob:
                 tail = child.log.read_text(errors="replace").strip().splitlines()[-1:] or ["(no output)"]
                 raise StartupError(f"{child.name} exited with {child.proc.returncode}: {tail[0]} (log: {child.log})")
             try:
-                if httpx.get(url, timeout=PROBE_TIMEOUT_S).status_code < 500:
+                answer = httpx.get(url, timeout=PROBE_TIMEOUT_S)
+                served_by, healthy = answer.json().get("server_pid"), answer.status_code < 500
+            except (httpx.HTTPError, ValueError, AttributeError):
+                served_by, healthy = None, False
+            if served_by == child.proc.pid:
+                if healthy:
                     return
-            except httpx.HTTPError:
-                pass
+            elif served_by is not None:
+                raise StartupError(f"{url} is answered by process {served_by}, not by the {child.name} just "
+                                   "started: a server of another job holds that port; stop it or pick other ports")
             time.sleep(POLL_S)
         raise StartupError(f"{child.name} did not answer {url} within {self.cfg.startup_timeout_s:.0f}s "
                            f"(log: {child.log})")
 
     def start(self) -> None:
         cfg, py = self.cfg, sys.executable
-        cfg.state_dir.mkdir(parents=True, exist_ok=True)
         lighthouse = self._spawn("lighthouse", [
             py, "-m", "lighthouse", "--bind", f"{self.bind_host}:{cfg.lighthouse_port}",
             "--min-replicas", str(cfg.min_replicas), "--heartbeat-timeout-ms", str(cfg.heartbeat_timeout_ms),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 from rich.console import Group
+from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
@@ -42,7 +43,7 @@ def groups_table(groups: list[dict]) -> Table:
         table.add_row(
             str(g["group"]), Text(state, style=STATE_STYLE.get(g["state"], "")), _age(g.get("since")),
             str(g["step"] if g["step"] is not None else "-"),
-            f"{g['loss']:.3f}" if g.get("loss") is not None else "-",
+            Text("NaN", style="bold red") if g.get("diverged") else f"{g['loss']:.3f}" if g.get("loss") is not None else "-",
             f"{g['step_s']:.2f}" if g.get("step_s") is not None else "-",
             str(g["participants"] if g.get("participants") is not None else "-"),
             str(g["quorum_id"] if g.get("quorum_id") is not None else "-"), str(g.get("restarts", 0)), heal_text,
@@ -57,10 +58,14 @@ def cluster_view(quorum: dict, header: str = "") -> Panel:
                f"{', '.join('g' + str(m['group']) for m in quorum['members']) or 'none'}  ·  "
                f"{beating if beating is not None else '?'} heartbeating")
     else:
-        top = f"[red]Lighthouse unreachable:[/] {quorum.get('lighthouse_error')}"
+        top = f"[red]Lighthouse unreachable:[/] {escape(str(quorum.get('lighthouse_error')))}"
     parts = [Text.from_markup(header)] if header else []
     return Panel(Group(*parts, Text.from_markup(top), groups_table(quorum["groups"])),
                  title="ftctl · elastic HSDP on torchft", border_style="blue")
+
+
+EQUAL = {True: Text("yes", style="green"), False: Text("NO", style="red")}
+"""How a drill's fingerprints_equal reads."""
 
 
 def report_table(title: str) -> Table:
@@ -113,20 +118,18 @@ def drill_table(drill: dict) -> Table:
         ("heal transfer (rank 0)", f"{r['heal_bytes'] / 2**20:.1f} MiB in {r['heal_fetch_s']:.2f} s"
          if r.get("heal_bytes") is not None else "-"),
         ("fingerprints at step", value("fingerprint_step")),
-        ("fingerprints equal", {True: "[green]yes[/]", False: "[red]NO[/]"}.get(r.get("fingerprints_equal"), "-")),
+        ("fingerprints equal", EQUAL.get(r.get("fingerprints_equal"), "-")),
     ]
-    if drill.get("error"):
-        rows.append(("error", f"[red]{drill['error']}[/]"))
-    for what, value in rows:
-        table.add_row(what, Text.from_markup(str(value)))
-    return table
+    for what, shown in rows:  # text from the job (a verdict, a phase) is shown as it is, never as markup
+        table.add_row(what, shown if isinstance(shown, Text) else Text(str(shown)))
+    return add_error(table, drill)
 
 
 def lighthouse_table(drill: dict) -> Table:
     r = drill["report"]
     table = report_table(f"drill {drill['id']} · lighthouse · {drill['status']}")
     secs = lambda v: f"{v:.2f} s" if v is not None else "-"  # noqa: E731
-    table.add_row("phase", r.get("phase"))
+    table.add_row("phase", Text(str(r.get("phase"))))
     table.add_row("Lighthouse killed → noticed", secs(r.get("detect_s")))
     table.add_row("Lighthouse away", secs(r.get("away_s")))
     for g, p in sorted((r.get("pauses") or {}).items(), key=lambda kv: int(kv[0])):
@@ -135,8 +138,7 @@ def lighthouse_table(drill: dict) -> Table:
     exits = r.get("process_exits") or []
     table.add_row("group processes ended", Text(", ".join(exits), style="red") if exits else Text("none", style="green"))
     table.add_row("fingerprints at step", str(r["fingerprint_step"]) if r.get("fingerprint_step") is not None else "-")
-    table.add_row("fingerprints equal", Text.from_markup({True: "[green]yes[/]", False: "[red]NO[/]"}.get(
-        r.get("fingerprints_equal"), "-")))
+    table.add_row("fingerprints equal", EQUAL.get(r.get("fingerprints_equal"), "-"))
     return add_error(table, drill)
 
 
@@ -144,7 +146,7 @@ def straggler_table(drill: dict) -> Table:
     r = drill["report"]
     table = report_table(f"drill {drill['id']} · straggler · group {r['group']} +{r['delay_ms']:g} ms for "
                          f"{r['duration_s']:g}s · policy {r['policy']} · {drill['status']}")
-    table.add_row("phase", r.get("phase"))
+    table.add_row("phase", Text(str(r.get("phase"))))
     found = r.get("detected_group")
     table.add_row("flagged", "nobody" if found is None else
                   Text(f"group {found} after {r['detect_s']:.1f} s", style="green" if found == r["group"] else "red"))
@@ -179,7 +181,7 @@ def corrupt_table(drill: dict) -> Table:
     table = report_table(f"drill {drill['id']} · corrupt · group {r['group']} rank {r['rank']} ×{r['scale']:g} "
                          f"{'every step' if r['persistent'] else 'once'} · check "
                          f"{ {True: 'on', False: 'OFF', None: '?'}[r.get('sdc_check')] } · {drill['status']}")
-    table.add_row("phase", r.get("phase"))
+    table.add_row("phase", Text(str(r.get("phase"))))
     table.add_row("corrupted step", str(r["step"]) if r.get("step") is not None else "-")
     if r.get("sdc_check"):
         found = r.get("detected_group")
@@ -197,7 +199,7 @@ def corrupt_table(drill: dict) -> Table:
     table.add_row("largest update / usual", _per_group(r.get("update_ratio") or {}, ".3g"))
     table.add_row("largest applied gradient / usual", _per_group(r.get("applied_grad_ratio") or {}, ".3g"))
     table.add_row("loss after − before", _per_group(r.get("loss_change") or {}, "+.3f"))
-    table.add_row("fingerprints equal", {True: "[green]yes[/]", False: "[red]NO[/]"}.get(r.get("fingerprints_equal"), "-"))
+    table.add_row("fingerprints equal", EQUAL.get(r.get("fingerprints_equal"), "-"))
     return add_error(table, drill)
 
 

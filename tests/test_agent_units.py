@@ -12,8 +12,10 @@ from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from protocol.agent import STATUS_PATH, AgentStatus, command_path
+from protocol.files import read_model, write_model
 from service.agent.app import create_app
 from service.agent.config import AgentSettings
+from service.agent.pidfile import PidRecord, forget_pid, reap_pidfile, record_pid
 from service.agent.spare import WarmSpare
 from service.agent.supervisor import GroupCommand
 from service.proctree import wait_gone
@@ -59,15 +61,43 @@ def test_a_killed_process_nobody_reaped_yet_counts_as_gone():
 
 
 def test_the_agents_api_answers_in_the_protocols_models_and_counts_with_counters(tmp_path):
-    settings = AgentSettings(group=1, groups=2, token="agent-token", autostart=False, state_dir=tmp_path)
+    settings = AgentSettings(group=1, groups=2, token="agent-token-0123456789abcdef", autostart=False, state_dir=tmp_path,
+                             allowed_hosts=["testserver"])
     with TestClient(create_app(settings)) as api:
         status = AgentStatus.model_validate(api.get(STATUS_PATH).json())
         assert (status.group, status.state, status.pids, status.spare) == (1, "down", [], None)
         assert api.post(command_path("kill")).status_code == 401
-        kill = api.post(command_path("kill"), headers={"Authorization": "Bearer agent-token"})
+        kill = api.post(command_path("kill"), headers={"Authorization": "Bearer agent-token-0123456789abcdef"})
         assert kill.status_code == 409 and kill.json() == {"detail": "group 1 is not running"}
         families = {f.name: f for f in text_string_to_metric_families(api.get("/metrics").text)}
-    for name in ("ftctl_agent_events_dropped", "ftctl_agent_events_forwarded", "ftctl_agent_group_starts"):
+    for name in ("ftctl_agent_events_dropped", "ftctl_agent_events_refused", "ftctl_agent_events_invalid",
+                 "ftctl_agent_events_forwarded", "ftctl_agent_group_starts"):
         assert families[name].type == "counter" and families[name].samples[0].name == f"{name}_total"
         assert families[name].samples[0].value == 0
     assert families["ftctl_agent_group_running"].type == "gauge"
+
+
+def test_a_pid_record_kills_only_the_very_process_it_names(tmp_path):
+    """A dead agent's record kills its group's orphan; a reused pid (another start time) or another
+    group's record kills nothing, and every record is gone once read."""
+    orphan = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    try:
+        path = tmp_path / "group1.pid"
+        record_pid(path, stranger.pid, group=1)
+        write_model(path, read_model(path, PidRecord).model_copy(update={"started": 12345.0}))  # as after pid reuse
+        assert reap_pidfile(path, group=1) == [] and stranger.poll() is None and not path.exists()
+        record_pid(path, stranger.pid, group=2)
+        assert reap_pidfile(path, group=1) == [] and stranger.poll() is None
+        record_pid(path, orphan.pid, group=1)
+        assert reap_pidfile(path, group=1) == [orphan.pid]
+        assert orphan.wait(10) == -signal.SIGKILL and not path.exists()
+        record_pid(path, stranger.pid, group=1)
+        forget_pid(path, orphan.pid)
+        assert path.exists(), "the record of another process is kept"
+        forget_pid(path, stranger.pid)
+        assert not path.exists()
+    finally:
+        for proc in (orphan, stranger):
+            proc.kill()
+            proc.wait()

@@ -2,25 +2,31 @@
 
 from __future__ import annotations
 
+import json
+import math
+import os
 import sqlite3
 import time
 from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
 
+from protocol.tokens import group_token
+from service.agent.config import AgentSettings
 from service.controlplane.app import create_app
-from service.controlplane.db import SchemaTooNew, Store
+from service.controlplane.db import MIGRATIONS, SCHEMA_VERSION, SchemaTooNew, Store
 from service.controlplane.settings import ControlPlaneSettings
 from protocol.torchrun import free_port
 
-TOKEN = "test-token"
+TOKEN = "test-token-0123456789abcdef"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
 def settings(db: Path, **overrides) -> ControlPlaneSettings:
     nowhere = f"http://127.0.0.1:{free_port()}"
-    return ControlPlaneSettings(token=TOKEN, db=db, groups=2, ranks_per_group=2,
+    return ControlPlaneSettings(token=TOKEN, db=db, groups=2, ranks_per_group=2, allowed_hosts=["testserver"],
                                 agents={0: nowhere, 1: nowhere}, lighthouse_api=nowhere, **overrides)
 
 
@@ -31,11 +37,18 @@ def db(tmp_path) -> Path:
 
 @pytest.fixture
 def api(db):
-    with TestClient(create_app(settings(db))) as client:
+    with TestClient(create_app(settings(db)), base_url="http://127.0.0.1") as client:
         yield client
 
 
-T0 = 1_800_000_000.0
+def scrape(api: TestClient) -> dict[tuple[str, tuple], float]:
+    text = api.get("/metrics").text
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+T0 = float(int(time.time()) - 3600)
+"""An hour ago: events must be stamped within the control plane's clock skew and event age."""
 
 
 def process(group: int, action: str, ts: float, **extra) -> dict:
@@ -64,7 +77,7 @@ def heal(group: int, ts: float, at: int) -> dict:
 
 
 def ingest(api: TestClient, group: int, events: list[dict], **extra) -> dict:
-    response = api.post("/api/v1/ingest", json={"group": group, "events": events, **extra}, headers=AUTH)
+    response = api.post(f"/api/v1/ingest/{group}", json={"events": events, **extra}, headers=AUTH)
     assert response.status_code == 200, response.text
     return response.json()
 
@@ -105,15 +118,82 @@ def test_every_mutation_needs_the_token_and_changes_nothing_without_it(api):
     for method, path, body in [
         ("post", "/api/v1/groups/1/kill", None), ("post", "/api/v1/groups/1/rejoin", None),
         ("post", "/api/v1/drills", {"kind": "kill-heal", "group": 1}),
-        ("post", "/api/v1/ingest", {"group": 0, "events": [step(0, T0 + 9, 9)]}),
+        ("post", "/api/v1/ingest/0", {"events": [step(0, T0 + 9, 9)]}),
+        ("delete", "/api/v1/drills/1", None),
     ]:
-        missing = getattr(api, method)(path, json=body)
-        wrong = getattr(api, method)(path, json=body, headers={"Authorization": "Bearer nope"})
+        missing = api.request(method, path, json=body)
+        wrong = api.request(method, path, json=body, headers={"Authorization": "Bearer nope"})
         assert missing.status_code == 401 and "missing bearer token" in missing.json()["detail"]
         assert wrong.status_code == 403 and wrong.json()["detail"] == "wrong bearer token"
     assert api.get("/api/v1/events").json()["events"] == before
     assert api.get("/api/v1/drills").json()["drills"] == []
     assert {g["state"] for g in api.get("/api/v1/groups").json()} == {"training"}
+
+
+def test_an_agents_token_posts_its_own_groups_events_and_nothing_else(api):
+    """Each agent holds only its group's token: a stolen one cannot forge another group's events,
+    command a group or start a drill."""
+    agent0 = {"Authorization": f"Bearer {group_token(TOKEN, 0)}"}
+    body = {"events": [process(0, "started", T0)]}
+    assert api.post("/api/v1/ingest/0", json=body, headers=agent0).json()["accepted"] == 1
+    assert api.post("/api/v1/ingest/1", json={"events": [process(1, "started", T0)]}, headers=agent0).status_code == 403
+    assert api.post("/api/v1/ingest/1", json=body, headers=AUTH).json()["rejected"] == 1, "the path's group is the events'"
+    assert api.post("/api/v1/groups/0/kill", headers=agent0).status_code == 403
+    assert api.post("/api/v1/drills", json={"kind": "lighthouse"}, headers=agent0).status_code == 403
+    assert [e["group"] for e in api.get("/api/v1/events").json()["events"]] == [0]
+
+
+def test_a_foreign_host_name_is_refused_before_anything_else(api):
+    """DNS rebinding: a page on evil.example whose name now points at 127.0.0.1 still sends its own Host."""
+    for method, path in (("get", "/api/v1/groups"), ("post", "/api/v1/groups/0/kill")):
+        response = api.request(method, path, headers={**AUTH, "Host": "evil.example:8000"})
+        assert response.status_code == 421 and "Host 'evil.example'" in response.json()["detail"], response.text
+    assert api.get("/api/v1/groups", headers={"Host": "127.0.0.1:8000"}).status_code == 200
+
+
+def test_a_body_over_the_limit_is_refused(db):
+    with TestClient(create_app(settings(db, max_body_bytes=4096)), base_url="http://127.0.0.1") as api:
+        big = {"events": [step(0, T0 + i, i) for i in range(40)]}
+        response = api.post("/api/v1/ingest/0", json=big, headers=AUTH)
+        assert response.status_code == 413 and "larger than 4096 bytes" in response.json()["detail"]
+        chunked = api.post("/api/v1/ingest/0", content=iter([json.dumps(big).encode()]),
+                           headers={**AUTH, "Content-Type": "application/json"})
+        assert chunked.status_code == 413
+        assert api.get("/api/v1/events").json()["events"] == []
+
+
+def test_weak_or_known_tokens_are_refused_by_every_service(db):
+    for token in ("change-me", "change-me-local-only", "short-token"):
+        with pytest.raises(ValueError, match="known placeholder|fewer than 16"):
+            ControlPlaneSettings(token=token, db=db)
+        with pytest.raises(ValueError, match="known placeholder|fewer than 16"):
+            AgentSettings(group=0, groups=1, job_token=token)
+
+
+def test_reads_without_the_token_never_show_what_torchfts_kill_paths_need(api):
+    ingest(api, 0, [start(0, T0)])
+    anonymous = api.get("/api/v1/events", params={"type": "start"}).json()["events"][0]
+    assert anonymous["replica_id"] is None and anonymous["flavor"] == "debugmodel"
+    assert api.get("/api/v1/events", params={"type": "start"}, headers=AUTH).json()["events"][0]["replica_id"] == "group0:x"
+
+
+@pytest.mark.parametrize("path, params", [
+    ("/api/v1/events", {"after_id": 2**63}), ("/api/v1/events", {"group": 2**64}), ("/api/v1/events", {"since": "nan"}),
+    ("/api/v1/drills/18446744073709551616", {}), ("/api/v1/goodput", {"gpus": 0}),
+    ("/api/v1/goodput", {"delta_s": 0}), ("/api/v1/goodput", {"gpu_mtbf_hours": "inf"}),
+])
+def test_out_of_range_queries_are_a_clear_422_not_a_500(api, path, params):
+    response = api.get(path, params=params)
+    assert response.status_code == 422 and response.json()["detail"], response.text
+
+
+def test_a_drill_body_with_nan_or_infinity_is_a_clear_422(api):
+    training(api)
+    for body in ('{"kind": "chaos", "mtbf_s": NaN, "duration_s": 10}', '{"kind": "chaos", "mtbf_s": 5, "duration_s": Infinity}',
+                 '{"kind": "straggler", "group": 0, "delay_ms": 1e400}', '{"kind": "chaos", "mtbf_s": 1e9, "duration_s": 10}'):
+        response = api.post("/api/v1/drills", content=body, headers={**AUTH, "Content-Type": "application/json"})
+        assert response.status_code == 422 and "body." in response.json()["detail"], (body, response.text)
+    assert api.get("/api/v1/drills").json()["drills"] == []
 
 
 def test_unknown_group_is_404(api):
@@ -122,7 +202,7 @@ def test_unknown_group_is_404(api):
     assert api.post("/api/v1/groups/7/kill", headers=AUTH).status_code == 404
     assert api.post("/api/v1/groups/7/rejoin", headers=AUTH).status_code == 404
     assert api.post("/api/v1/drills", json={"kind": "kill-heal", "group": 7}, headers=AUTH).status_code == 404
-    assert api.post("/api/v1/ingest", json={"group": 7, "events": []}, headers=AUTH).status_code == 404
+    assert api.post("/api/v1/ingest/7", json={"events": []}, headers=AUTH).status_code == 404
     assert api.get("/api/v1/drills/99").status_code == 404
 
 
@@ -173,7 +253,7 @@ def test_malformed_input_is_422_with_one_clear_line(api):
         response = api.post("/api/v1/drills", json=body, headers=AUTH)
         assert response.status_code == 422 and response.json()["detail"].startswith(detail), response.json()
     bad_type = api.get("/api/v1/events", params={"type": "nonsense"})
-    assert bad_type.status_code == 422 and "unknown event type(s) nonsense" in bad_type.json()["detail"]
+    assert bad_type.status_code == 422 and "query.type.0: Input should be 'start'" in bad_type.json()["detail"]
     assert api.post("/api/v1/drills", content=b"{not json", headers={**AUTH, "Content-Type": "application/json"}).status_code == 422
     assert api.get("/api/v1/drills").json()["drills"] == []
 
@@ -181,8 +261,52 @@ def test_malformed_input_is_422_with_one_clear_line(api):
 def test_invalid_events_are_rejected_and_counted_not_stored(api):
     result = ingest(api, 0, [{"type": "step", "ts": T0, "group": 0}, {"type": "teleport", "ts": T0, "group": 0},
                              step(1, T0, 1), step(0, T0, 1)], dropped=3)
-    assert result == {"accepted": 1, "rejected": 3}
+    assert (result["accepted"], result["rejected"], result["duplicates"]) == (1, 3, 0)
+    assert result["reasons"][2] == "group: an event of group 1 in a batch of group 0"
     assert [e["type"] for e in api.get("/api/v1/events").json()["events"]] == ["step"]
+
+
+def test_a_bad_event_is_rejected_alone_and_never_wedges_ingestion_or_loses_later_writes(db):
+    """An integer SQLite cannot hold, a NaN time (Python's JSON reads it), a negative byte count, a
+    clock far ahead: each is refused with a line of why, in the same batch as good events that are
+    stored; later batches, transitions and drills are stored too, and all of it survives a restart."""
+    bad = [step(0, T0 + 1, 10**20), {**step(0, T0 + 1, 2), "ts": math.nan}, {**heal(0, T0 + 1, 1), "bytes": -1},
+           step(0, time.time() + 3600, 3), {**step(0, T0 + 1, 4), "loss": math.inf}]
+    with TestClient(create_app(settings(db))) as api:
+        body = json.dumps({"events": [process(0, "started", T0), *bad, start(0, T0 + 2)]})
+        response = api.post("/api/v1/ingest/0", content=body, headers={**AUTH, "Content-Type": "application/json"})
+        assert response.status_code == 200, response.text
+        result = response.json()
+        assert (result["accepted"], result["rejected"]) == (2, 5), result
+        assert [r.split(":")[0] for r in result["reasons"]] == ["step.step", "step.ts", "heal.bytes", "ts", "step.loss"]
+        later = ingest(api, 0, [step(0, T0 + 3, 1)])
+        assert (later["accepted"], later["rejected"]) == (1, 0)
+        assert api.get("/api/v1/groups/0").json()["state"] == "training"
+        assert scrape(api)[("ftctl_events_rejected_total", (("group", "0"),))] == 5
+    with TestClient(create_app(settings(db))) as api:
+        view = api.get("/api/v1/groups/0").json()
+        assert [t["state"] for t in view["transitions"]] == ["starting", "joining", "training"]
+        assert [e["type"] for e in api.get("/api/v1/events").json()["events"]] == ["process", "start", "step"]
+        assert scrape(api)[("ftctl_events_rejected_total", (("group", "0"),))] == 5, "counts survive a restart"
+
+
+def test_an_event_sent_again_is_stored_once(api):
+    """A retry after the store committed but the reply was lost: the same eids, stored once, counted."""
+    batch = [{**step(0, T0 + i, i), "eid": f"g0.r0-abc:{i}"} for i in (1, 2, 3)]
+    assert ingest(api, 0, batch)["accepted"] == 3
+    again = ingest(api, 0, [*batch, {**step(0, T0 + 4, 4), "eid": "g0.r0-abc:4"}])
+    assert (again["accepted"], again["duplicates"]) == (1, 3)
+    assert [e["step"] for e in api.get("/api/v1/events").json()["events"]] == [1, 2, 3, 4]
+    assert scrape(api)[("ftctl_events_duplicate_total", (("group", "0"),))] == 3
+
+
+def test_a_loss_that_is_not_finite_shows_as_divergence_not_as_a_missing_step(api):
+    training(api)
+    ingest(api, 0, [{**step(0, T0 + 3, 2), "loss": None}])
+    view = api.get("/api/v1/groups/0").json()
+    assert (view["step"], view["loss"], view["diverged"]) == (2, None, True)
+    assert math.isnan(scrape(api)[("ftctl_group_loss", (("group", "0"),))])
+    assert api.get("/api/v1/groups/1").json()["diverged"] is False
 
 
 def test_events_filter_by_group_type_and_time_and_paginate(api):
@@ -221,7 +345,7 @@ def test_history_and_drills_survive_a_restart(db):
 
 def test_schema_is_versioned_and_a_newer_file_is_refused(db):
     Store(db).close()
-    assert sqlite3.connect(db).execute("PRAGMA user_version").fetchone()[0] == 1
+    assert sqlite3.connect(db).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     assert sqlite3.connect(db).execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     conn = sqlite3.connect(db)
     conn.execute("PRAGMA user_version = 99")
@@ -230,11 +354,26 @@ def test_schema_is_versioned_and_a_newer_file_is_refused(db):
         Store(db)
 
 
+def test_a_file_of_the_first_schema_is_migrated_with_its_events(db):
+    conn = sqlite3.connect(db)
+    conn.executescript(f"BEGIN; {MIGRATIONS[0]}; PRAGMA user_version = 1; COMMIT;")
+    old = json.dumps(process(0, "started", T0))
+    conn.execute("INSERT INTO events (ts, received, grp, rank, type, step, body) VALUES (?, ?, 0, NULL, 'process', "
+                 "NULL, ?)", (T0, T0, old))
+    conn.execute("INSERT INTO transitions (grp, state, reason, ts) VALUES (0, 'starting', NULL, ?)", (T0,))
+    conn.commit()
+    conn.close()
+    with TestClient(create_app(settings(db))) as api:
+        assert api.get("/api/v1/groups/0").json()["state"] == "starting"
+        assert ingest(api, 0, [{**step(0, T0 + 1, 1), "eid": "x:1"}, {**step(0, T0 + 1, 1), "eid": "x:1"}])["duplicates"] == 1
+        assert [e["type"] for e in api.get("/api/v1/events").json()["events"]] == ["process", "step"]
+
+
 def test_quorum_health_and_docs_without_a_lighthouse(api):
     quorum = api.get("/api/v1/quorum").json()
     assert quorum["lighthouse_reachable"] is False and quorum["lighthouse_error"]
     assert [g["group"] for g in quorum["groups"]] == [0, 1]
-    assert api.get("/healthz").json() == {"ok": True, "checks": {}}
+    assert api.get("/healthz").json() == {"ok": True, "checks": {}, "server_pid": os.getpid()}
     ready = api.get("/readyz")
     assert ready.status_code == 503 and ready.json()["checks"]["sqlite"] == "ok"
     assert api.get("/openapi.json").status_code == 200 and api.get("/docs").status_code == 200

@@ -19,7 +19,7 @@ from service.proctree import end_tree
 
 COMPOSE = REPO / "compose.yaml"
 PROJECT_SERVICES = ("lighthouse", "controlplane", "group0", "group1")  # prometheus and grafana are upstream images
-OVERLAYS = ("cpu", "gpu", "servicemonitor")
+OVERLAYS = ("cpu", "gpu", "servicemonitor", "networkpolicy")
 COMPOSE_STOP_GRACE_S = 40.0  # each service stops its own children first (an agent its group)
 
 
@@ -40,10 +40,30 @@ def test_compose_file_follows_the_compose_specification():
     dockerfile = (REPO / "deploy/Dockerfile").read_text()
     assert "USER ftctl" in dockerfile and "HEALTHCHECK" in dockerfile and "torch==${TORCH_VERSION}" in dockerfile
     assert re.search(r"ARG TORCH_VERSION=2\.13\.0", dockerfile)
+    token = spec["x-image"]["environment"]["FTCTL_TOKEN"]
+    with pytest.raises(ValueError, match="set FTCTL_TOKEN in .env"):
+        _interpolate(token, {})
+    networks = {name: svc.get("networks", []) for name, svc in spec["services"].items()}
+    assert spec["networks"]["job"]["internal"] is True
+    assert all(networks[f"group{g}"] == ["job"] for g in range(4)), "the groups' hard-coded listeners stay internal"
+    assert "29510" not in " ".join(p for svc in spec["services"].values() for p in svc.get("ports", []))
+
+
+TOKEN = "compose-token-0123456789abcdef"
+"""What a user puts in .env: compose itself requires FTCTL_TOKEN (``${FTCTL_TOKEN:?...}``)."""
 
 
 def _interpolate(text: str, env: dict[str, str]) -> str:
-    return re.sub(r"\$\{(\w+)(?::-([^}]*))?\}", lambda m: env.get(m.group(1), m.group(2) or ""), text)
+    """Compose's ``${VAR}``, ``${VAR:-default}`` and ``${VAR:?error}``, the last failing like compose."""
+    def value(m: re.Match) -> str:
+        name, kind, word = m.group(1), m.group(2), m.group(3) or ""
+        if env.get(name):
+            return env[name]
+        if kind == ":?":
+            raise ValueError(f"compose refuses to start: {word}")
+        return word
+
+    return re.sub(r"\$\{(\w+)(?:(:-|:\?)([^}]*))?\}", value, text)
 
 
 def local_commands(tmp: Path) -> dict[str, tuple[list[str], dict[str, str]]]:
@@ -58,7 +78,7 @@ def local_commands(tmp: Path) -> dict[str, tuple[list[str], dict[str, str]]]:
         mounts = {**paths, "/state": tmp / f"state-{name}"}
 
         def local(arg: str, previous: str = "", mounts: dict[str, Path] = mounts) -> str:
-            arg = _interpolate(arg, {})
+            arg = _interpolate(arg, {"FTCTL_TOKEN": TOKEN})
             arg = re.sub(rf"//({hosts}):", "//127.0.0.1:", arg)
             if (re.fullmatch(hosts, arg) and previous != "-m") or arg == "0.0.0.0":
                 return "127.0.0.1"
@@ -134,7 +154,13 @@ def test_kubernetes_overlays_render_and_validate(overlay):
     assert rendered.returncode == 0, rendered.stderr
     objects = [o for o in yaml.safe_load_all(rendered.stdout) if o]
     kinds = {o["kind"] for o in objects}
-    assert {"Deployment", "StatefulSet", "Service", "PersistentVolumeClaim", "Secret"} <= kinds
+    assert {"Deployment", "StatefulSet", "Service", "PersistentVolumeClaim"} <= kinds
+    assert "Secret" not in kinds and "change-me" not in rendered.stdout, "the token is the user's Secret, no default"
+    for workload in (o for o in objects if o["kind"] in ("Deployment", "StatefulSet")):
+        env = {e["name"]: e for e in workload["spec"]["template"]["spec"]["containers"][0]["env"]}
+        assert env["FTCTL_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "ftctl-token"
+        allowed = next(e for name, e in env.items() if name.endswith("_ALLOWED_HOSTS"))
+        assert "$(POD_IP)" in allowed["value"], "probes and scrapes reach pods by address: the Host check allows it"
     for obj in objects:
         try:
             kubernetes_validate.validate(obj, latest_version(), strict=True)
@@ -148,6 +174,10 @@ def test_kubernetes_overlays_render_and_validate(overlay):
     assert headless["spec"]["clusterIP"] == "None"
     gpus = container.get("resources", {}).get("limits", {}).get("nvidia.com/gpu")
     assert (gpus == 8) == (overlay == "gpu")
+    if overlay == "networkpolicy":
+        fenced = {o["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/name"] for o in objects
+                  if o["kind"] == "NetworkPolicy"}
+        assert fenced == {"group", "lighthouse"}
     if overlay == "servicemonitor":
         monitor = next(o for o in objects if o["kind"] == "ServiceMonitor")
         ports = {p["name"] for o in objects if o["kind"] == "Service" for p in o["spec"]["ports"]}

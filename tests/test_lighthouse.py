@@ -112,6 +112,9 @@ def test_wrapper_serves_json_and_restarts_a_dead_lighthouse():
         owner.end()
 
 
+LH_TOKEN = "lighthouse-token-0123456789abcdef"
+
+
 HOLD_S = 5.0
 """Long enough that the second kill lands inside the hold even on a machine busy with other tests."""
 
@@ -121,9 +124,9 @@ def test_wrapper_kills_the_lighthouse_on_request_and_holds_its_restart():
     owner = Owner()
     wrapper = subprocess.Popen([sys.executable, "-m", "lighthouse", "--bind", f"127.0.0.1:{port}", "--api-port",
                                 str(api), "--restart-delay-s", "0.1"], cwd=REPO,
-                               env={**owner.env(), "FTCTL_TOKEN": "lh-token"}, start_new_session=True)
+                               env={**owner.env(), "FTCTL_TOKEN": LH_TOKEN}, start_new_session=True)
     base = f"http://127.0.0.1:{api}"
-    auth = {"Authorization": "Bearer lh-token"}
+    auth = {"Authorization": f"Bearer {LH_TOKEN}"}
     try:
         wait_for(lambda: _healthy(base), 30, "the wrapper to report a healthy Lighthouse")
         first = httpx.get(f"{base}/healthz").json()["pid"]

@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from cluster import REPO
 from dashboards.quorum import OUTPUT, panel_queries, render
 from service.controlplane.app import create_app
-from test_controlplane_api import T0, heal, ingest, process, settings, start, step, trainer_event
+from test_controlplane_api import T0, heal, ingest, process, scrape, settings, start, step, trainer_event
 
 PROM = REPO / "deploy/prometheus"
 
@@ -48,12 +48,6 @@ def test_committed_dashboard_is_exactly_what_the_code_generates():
                    "heals", "failed commits", "drill", "goodput", "gradient check"):
         assert needed in titles, needed
     assert all("ftctl_" in expr for _, _, expr in panel_queries(dash))
-
-
-def scrape(api: TestClient) -> dict[tuple[str, tuple], float]:
-    text = api.get("/metrics").text
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
 
 
 def test_metrics_follow_the_events(tmp_path):

@@ -1,29 +1,33 @@
 """`ftctl up` end to end: real Lighthouse, control plane, agents, torchrun groups, Prometheus, Chromium.
 
 One job serves the module's tests (starting one costs a minute on two cores); each test waits
-for the state it needs, so they pass in any order. The Ctrl-C test stops a job of its own.
+for the state it needs, so they pass in any order. (Ctrl-C is tests/test_launcher.py's: a second
+job beside this one would starve both on two cores.)
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import shutil
-import signal
 import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
+import psutil
 import pytest
 
 from browser import chromium, quietly
 from cluster import REPO, wait_for
 from dashboards.quorum import panel_queries
 from processes import Owner
+from protocol.tokens import TOKEN_VARIABLES, group_token
 from protocol.torchrun import free_port
-from service.proctree import process_tree, wait_gone
-from up_job import AUTH, TOKEN, UpJob, all_training, ftctl, ftctl_up, groups, json_out
+from service.proctree import process_tree
+from up_job import AUTH, TOKEN, UpJob, all_training, all_training_again, ftctl, ftctl_up, groups, json_out
 
 ARTIFACTS = REPO / "test-artifacts"
 
@@ -69,7 +73,7 @@ def live(tmp_path_factory):
 
 def test_rest_kill_and_rejoin_promotes_the_warm_spare(live):
     api = live.api
-    wait_for(lambda: all_training(api), 240, "both groups training")
+    all_training_again(api)
     quorum = api.get("/api/v1/quorum").json()
     assert quorum["lighthouse_reachable"] and sorted(m["group"] for m in quorum["members"]) == [0, 1]
     assert all(m["state"] == "training" for m in quorum["members"])
@@ -103,7 +107,7 @@ def test_rest_kill_and_rejoin_promotes_the_warm_spare(live):
 @pytest.fixture(scope="module")
 def kill_heal_drill(live) -> dict:
     """The module's one kill-heal drill, run from the CLI: its report, for every test that needs one."""
-    wait_for(lambda: all_training(live.api), 240, "both groups training")
+    all_training_again(live.api)
     return json_out(ftctl(live.state, "drill", "kill-heal", "--group", "1", "--json"))
 
 
@@ -123,7 +127,7 @@ def test_kill_heal_drill_from_the_cli_reports_equal_state(live, kill_heal_drill)
 
 
 def test_chaos_drill_measures_goodput(live):
-    wait_for(lambda: all_training(live.api), 240, "both groups training")
+    all_training_again(live.api)
     c = json_out(ftctl(live.state, "drill", "chaos", "--mtbf", "6", "--duration", "20", "--seed", "1",
                        "--rejoin-delay", "2", "--baseline", "8", "--json"))
     assert c["status"] == "done" and c["report"]["kills"], c
@@ -135,7 +139,7 @@ def test_chaos_drill_measures_goodput(live):
 def test_web_page_kill_and_heal_in_chromium(live, kill_heal_drill):
     from selenium.webdriver.common.by import By
 
-    wait_for(lambda: all_training(live.api), 240, "both groups training")
+    all_training_again(live.api)
     with chromium() as driver:
         driver.get(str(live.api.base_url))
         card = lambda: driver.find_element(By.ID, "group-1")  # noqa: E731
@@ -194,7 +198,7 @@ def test_prometheus_scrapes_and_every_dashboard_query_returns_data(live, kill_he
     assert {g["name"] for g in rules} == {"ftctl-recording", "ftctl-alerts"}
 
     # a kill shows in the group-state and participants series (held down until scraped)
-    wait_for(lambda: all_training(live.api), 240, "both groups training")
+    all_training_again(live.api)
     assert live.api.post("/api/v1/groups/1/kill", headers=AUTH).status_code == 200
     try:
         wait_for(lambda: instant('ftctl_group_state{group="1",state="down"} == 1'), 60,
@@ -228,22 +232,11 @@ def test_control_plane_restart_keeps_history_and_events_keep_coming(live):
         assert json.loads(data[6:])["type"] == "step"
 
 
-def test_ctrl_c_stops_everything(tmp_path):
-    with ftctl_up(tmp_path) as job:
-        wait_for(lambda: all_training(job.api), 240, "both groups training")
-        everything = [p.pid for p in process_tree(job.proc.pid)]
-        assert len(everything) >= 10  # ftctl, lighthouse x2, control plane, 2 agents, torchruns, ranks
-        job.proc.send_signal(signal.SIGINT)
-        assert job.proc.wait(120) == 0, job.log.read_text()[-3000:]
-        assert not wait_gone(everything, 10), "processes left behind after Ctrl-C"
-        assert "no process left behind" in job.log.read_text()
-
-
 def test_rest_evict_ends_a_group_for_good_and_its_warm_spare_takes_its_place(live):
     """What the straggler policy does to a costly straggler (tests/test_three_groups_e2e.py drills
     it without a spare): the group goes down as evicted and its ready spare is promoted at once."""
     api = live.api
-    wait_for(lambda: all_training(api), 240, "both groups training")
+    all_training_again(api)
     wait_for(lambda: api.get("/api/v1/groups/0/agent").json()["spare"] == "ready", 240, "group 0's warm spare")
     evicted_at = time.time()
     out = api.post("/api/v1/groups/0/evict", headers=AUTH)
@@ -255,3 +248,67 @@ def test_rest_evict_ends_a_group_for_good_and_its_warm_spare_takes_its_place(liv
     assert [(e["action"], e["detail"]) for e in process][:2] == [
         ("evicted", "the control plane evicted it; its agent does not restart it"), ("started", "promoted warm spare (ready)")]
     assert 'ftctl_group_exits_total{group="0",reason="evicted"} 1.0' in api.get("/metrics").text
+
+
+def test_only_what_torch_and_torchft_hard_code_listens_beyond_loopback(live):
+    """`ftctl up` binds what it controls to 127.0.0.1: the Lighthouse, the control plane, the
+    agents, the heal servers. torchrun's store and rank 0's torchft Manager bind every interface
+    in their own code; they are the only exceptions (deploy/ keeps them on the job's network)."""
+    api = live.api
+    all_training_again(api)
+    tree = {p.pid: p for p in process_tree(live.job.proc.pid)}
+    managers = {urlsplit(m["manager_address"]).port for m in api.get("/api/v1/quorum", headers=AUTH).json()["members"]}
+    wide = [(c.pid, c.laddr) for c in psutil.net_connections(kind="tcp")
+            if c.status == psutil.CONN_LISTEN and c.pid in tree and not ipaddress.ip_address(c.laddr.ip).is_loopback]
+    assert wide, "expected torchrun's stores and torchft's Managers"
+    for pid, address in wide:
+        hard_coded = "torch.distributed.run" in " ".join(tree[pid].cmdline()) or address.port in managers
+        assert hard_coded, f"{' '.join(tree[pid].cmdline())[:120]} listens on {address.ip}:{address.port}"
+
+
+def test_each_process_holds_only_the_token_it_needs(live):
+    """The control plane and the wrapper the job's; an agent its group's alone; a rank or the
+    torchft Lighthouse none (they run code that reads no token and need not leak one)."""
+    all_training_again(live.api)
+    for proc in process_tree(live.job.proc.pid)[1:]:
+        cmd, env = " ".join(proc.cmdline()), proc.environ()
+        tokens = {k: v for k, v in env.items() if k in TOKEN_VARIABLES}
+        if "service.controlplane" in cmd or "-m lighthouse" in cmd:
+            assert tokens == {"FTCTL_TOKEN": TOKEN}, cmd
+        elif "service.agent" in cmd:
+            group = int(cmd.split("--group ")[1].split()[0])
+            assert tokens == {"FTCTL_AGENT_TOKEN": group_token(TOKEN, group)}, cmd
+        else:
+            assert tokens == {}, f"{cmd[:100]} holds {sorted(tokens)}"
+
+
+def test_reads_without_the_token_hide_what_torchfts_kill_paths_need(live):
+    api = live.api
+    all_training_again(api)
+    anonymous, holder = api.get("/api/v1/quorum").json(), api.get("/api/v1/quorum", headers=AUTH).json()
+    assert anonymous["members"] and anonymous["raw"] is None
+    assert all(m["replica_id"] is None and m["manager_address"] is None and m["store_address"] is None
+               for m in anonymous["members"])
+    assert all(h["replica_id"] is None for h in anonymous["heartbeats"])
+    assert all(m["replica_id"].startswith(f"group{m['group']}:") for m in holder["members"]) and holder["raw"]
+    wrapper = live.job.connection()["lighthouse_api"]
+    assert httpx.get(f"{wrapper}/status").status_code == 401, "the wrapper's full view is the token holder's"
+
+
+def test_a_running_drill_is_cancelled_and_frees_the_groups(live):
+    api = live.api
+    all_training_again(api)
+    started = api.post("/api/v1/drills", headers=AUTH, json={"kind": "straggler", "group": 1, "delay_ms": 50,
+                                                             "duration_s": 600, "baseline_s": 600})
+    assert started.status_code == 202, started.text
+    drill = started.json()["id"]
+    assert api.post("/api/v1/groups/0/kill", headers=AUTH).status_code == 409, "a running drill holds the groups"
+    cancelled = api.delete(f"/api/v1/drills/{drill}", headers=AUTH)
+    assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled", cancelled.text
+    assert "cancelled by request" in cancelled.json()["error"]
+    assert api.delete(f"/api/v1/drills/{drill}", headers=AUTH).status_code == 409
+    assert 'ftctl_drills_total{kind="straggler",status="cancelled"} 1.0' in api.get("/metrics").text
+    assert ftctl(live.state, "kill", "1").returncode == 0, "the groups are free again"
+    wait_for(lambda: groups(api)[1]["state"] == "down", 30, "group 1 down")
+    assert api.post("/api/v1/groups/1/rejoin", headers=AUTH).status_code == 200
+    wait_for(lambda: all_training(api), 240, "group 1 back")

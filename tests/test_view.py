@@ -13,7 +13,7 @@ def rows(drill: dict) -> dict[str, str]:
     console = Console(width=160, color_system=None)
     with console.capture() as captured:
         console.print(drill_table(drill))
-    cells = [line.strip("│ ").split(" │ ") for line in captured.get().splitlines() if line.startswith("│")]
+    cells = [line.strip().strip("│").split("│") for line in captured.get().splitlines() if line.startswith("│")]
     return {what.strip(): value.strip() for what, value in cells}
 
 
@@ -35,3 +35,18 @@ def test_a_chaos_report_shows_how_much_slower_steps_ran_under_chaos():
     shown = rows({"id": 8, "kind": "chaos", "group": None, "status": "done", "report": report.model_dump()})
     assert shown["goodput"] == "73.6%" and shown["lost to waiting to rejoin"] == "0.8 s"
     assert shown["median step"] == "0.52 s failure-free, 0.78 s under chaos (1.50×)"
+
+
+def test_text_from_the_server_is_printed_as_it_is_never_as_markup(capsys):
+    """An error or an event holding rich's markup (``[/x]`` closes a tag never opened) used to crash ftctl."""
+    from service.cli import _print_event, error
+
+    error("drill 3 failed: heal: RuntimeError: bad tensor [/x] [bold]")
+    _print_event({"id": 1, "ts": 0.0, "group": 0, "rank": 0, "type": "exit", "reason": "error", "step": 3,
+                  "error": "RuntimeError('[/x] closing nothing')"})
+    out, err = capsys.readouterr()
+    assert "heal: RuntimeError: bad tensor [/x] [bold]" in err
+    assert "[/x] closing nothing" in out
+    failed = rows({"id": 3, "kind": "kill-heal", "group": 1, "status": "failed", "error": "heal: [/x] [red]",
+                   "report": KillHealReport(group=1).model_dump()})
+    assert failed["error"] == "heal: [/x] [red]"

@@ -9,10 +9,12 @@ warns and falls back to the next newest.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import time
 from dataclasses import dataclass
@@ -26,8 +28,25 @@ MANIFEST = "manifest.json"
 log = logging.getLogger(__name__)
 
 
+STEP_DIR = re.compile(r"step-(\d{8,})")
+"""A published checkpoint's folder, exactly: ``step-00000050.bak`` or ``step-x`` is none."""
+
+
 def step_dir_name(step: int) -> str:
     return f"step-{step:08d}"
+
+
+def step_of(folder: Path) -> int | None:
+    """The step a published checkpoint folder holds, or None for any other name."""
+    found = STEP_DIR.fullmatch(folder.name)
+    return int(found.group(1)) if found and folder.is_dir() else None
+
+
+def published(root: Path) -> list[Path]:
+    """The published checkpoint folders under ``root``, oldest first."""
+    if not root.is_dir():
+        return []
+    return sorted((p for p in root.iterdir() if step_of(p) is not None), key=step_of)
 
 
 def _file_digest(path: Path) -> str:
@@ -39,22 +58,31 @@ def _file_digest(path: Path) -> str:
 
 
 def verify(folder: Path) -> str | None:
-    """None when the checkpoint is complete, else why it is not."""
+    """None when the checkpoint is complete and is what its name says, else why it is not. Any
+    surprise (a manifest of another shape, a file it does not list) is a reason, never an error."""
     manifest_path = folder / MANIFEST
     if not manifest_path.is_file():
         return "no manifest (the save never finished)"
     try:
         manifest = json.loads(manifest_path.read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        return f"unreadable manifest: {err}"
-    for name, expected in manifest["files"].items():
-        path = folder / name
-        if not path.is_file():
-            return f"{name} is missing"
-        if path.stat().st_size != expected["size"]:
-            return f"{name} has {path.stat().st_size} bytes, the manifest says {expected['size']}"
-        if _file_digest(path) != expected["sha256"]:
-            return f"{name} does not match its SHA-256"
+        files, step = manifest["files"], manifest["step"]
+        if not isinstance(files, dict) or not files:
+            return "the manifest lists no files"
+        if step != step_of(folder):
+            return f"the manifest is of step {step}, the folder's name says {step_of(folder)}"
+        present = {p.name for p in folder.iterdir() if p.name != MANIFEST}
+        if unlisted := sorted(present - set(files)):
+            return f"{unlisted[0]} is not in the manifest"
+        for name, expected in files.items():
+            path = folder / name
+            if not path.is_file():
+                return f"{name} is missing"
+            if path.stat().st_size != expected["size"]:
+                return f"{name} has {path.stat().st_size} bytes, the manifest says {expected['size']}"
+            if _file_digest(path) != expected["sha256"]:
+                return f"{name} does not match its SHA-256"
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+        return f"unreadable manifest: {type(err).__name__}: {err}"
     return None
 
 
@@ -66,14 +94,10 @@ class Found:
 
 def newest_complete(root: Path, warn) -> Found | None:
     """The newest verified checkpoint under ``root``; ``warn(path, reason)`` for each skipped."""
-    if not root.is_dir():
-        return None
-    candidates = sorted((p for p in root.iterdir() if p.is_dir() and p.name.startswith("step-")),
-                        key=lambda p: p.name, reverse=True)
-    for folder in candidates:
+    for folder in reversed(published(root)):
         reason = verify(folder)
         if reason is None:
-            return Found(int(folder.name.removeprefix("step-")), folder)
+            return Found(step_of(folder), folder)
         warn(folder, reason)
     return None
 
@@ -103,8 +127,11 @@ class Checkpointer:
         staging = self.root / f".{final.name}.tmp-g{self.group}"
         rank = dist.get_rank()
         if rank == 0:
+            self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+            with contextlib.suppress(PermissionError):  # a shared folder of another owner keeps its mode
+                os.chmod(self.root, 0o700)  # the model and optimizer: this user's alone
             shutil.rmtree(staging, ignore_errors=True)
-            staging.mkdir(parents=True)
+            staging.mkdir()
         dist.barrier()
         dcp.save(self.state(), checkpoint_id=staging)
         if rank == 0:
@@ -131,8 +158,7 @@ class Checkpointer:
             os.close(fd)
 
     def _prune(self) -> None:
-        complete = sorted((p for p in self.root.iterdir() if p.is_dir() and p.name.startswith("step-")),
-                          key=lambda p: p.name)
+        complete = published(self.root)
         for folder in complete[: max(0, len(complete) - self.keep)]:
             shutil.rmtree(folder, ignore_errors=True)
 
@@ -146,11 +172,19 @@ class Checkpointer:
 
     def newest_name(self) -> str | None:
         """The newest published checkpoint's folder name, unverified (a cheap listing)."""
-        names = [p.name for p in self.root.iterdir() if p.is_dir() and p.name.startswith("step-")] if self.root.is_dir() else []
-        return max(names, default=None)
+        folders = published(self.root)
+        return folders[-1].name if folders else None
 
     def choose(self, warn) -> Found | None:
-        """Rank 0 picks the newest complete checkpoint; every rank of the group gets its pick."""
-        pick: list[Found | None] = [newest_complete(self.root, warn) if dist.get_rank() == 0 else None]
+        """Rank 0 picks the newest complete checkpoint; every rank of the group gets its pick, or
+        the same error (a rank 0 that failed alone would leave the others waiting for its pick)."""
+        pick: list[Found | str | None] = [None]
+        if dist.get_rank() == 0:
+            try:
+                pick[0] = newest_complete(self.root, warn)
+            except OSError as err:
+                pick[0] = f"cannot read the checkpoints in {self.root}: {err}"
         dist.broadcast_object_list(pick, src=0)
+        if isinstance(pick[0], str):
+            raise OSError(pick[0])
         return pick[0]

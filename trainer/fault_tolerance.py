@@ -11,10 +11,12 @@ from __future__ import annotations
 import hashlib
 import os
 import socket
+import threading
 import time
+import urllib.request
 from datetime import timedelta
+from http.server import ThreadingHTTPServer
 from typing import Any, Callable
-from urllib.parse import urlsplit
 
 import psutil
 import torch
@@ -22,7 +24,8 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.fsdp import FSDPModule
 from torchft import Manager, ProcessGroupGloo, ProcessGroupNCCL
-from torchft.checkpointing import CheckpointTransport, HTTPTransport
+from torch.distributed._serialization import _streaming_load
+from torchft.checkpointing import HTTPTransport
 from torchft.manager import REPLICA_ID_KEY, WorldSizeMode
 from torchft.process_group import ManagedProcessGroup, ProcessGroup
 
@@ -77,36 +80,49 @@ def check_lighthouse_reachable(address: str, timeout_s: float = LIGHTHOUSE_PROBE
         )
 
 
-class TimedTransport(CheckpointTransport[Any]):
-    """HTTPTransport that records how long the last heal fetch took, and can advertise a host."""
+class HealTransport(HTTPTransport):
+    """torchft's HTTP checkpoint transport, made safe to expose, and timed.
 
-    def __init__(self, inner: HTTPTransport, advertise_host: str | None):
-        self.inner = inner
-        self.advertise_host = advertise_host
+    torchft's serves on every interface the whole model and optimizer of a live rank; this one
+    serves only on the address ``host`` resolves to (the name other groups reach this group by:
+    loopback on one machine, the node's own address across hosts). torchft loads what it fetches
+    with ``torch.load(weights_only=False)``, which runs whatever code a pickle names: a fake replica
+    that joined the Lighthouse with a high step would become the source others heal from, and run
+    its code in them. This one loads with ``weights_only=True``: tensors, numbers, strings and
+    containers, which is all our state holds (``trainer/state.py``). ``last_fetch_s`` is how long
+    the last heal's fetch took.
+    """
+
+    def __init__(self, timeout: timedelta, host: str):
+        self.host = host
         self.last_fetch_s = 0.0
+        super().__init__(timeout=timeout, num_chunks=0)
+        handler = self._server.RequestHandlerClass
+        self._server.shutdown()  # torchft's own server, on every interface: replaced before any heal
+        self._server.server_close()
+        self._thread.join()
+        family, _, _, _, (address, *_) = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)[0]
+        server_type = type("BoundHTTPServer", (ThreadingHTTPServer,), {"address_family": family,
+                                                                      "request_queue_size": 1024})
+        self._server = server_type((address, 0), handler)
+        self._thread = threading.Thread(target=self._serve, name="heal-server", daemon=True)
+        self._thread.start()
 
-    def metadata(self) -> str:
-        url = self.inner.metadata()
-        if self.advertise_host:
-            parts = urlsplit(url)
-            url = parts._replace(netloc=f"{self.advertise_host}:{parts.port}").geturl()
-        return url
+    def address(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self._server.server_address[1]}/checkpoint/"
 
-    def send_checkpoint(self, dst_ranks, step, state_dict, timeout) -> None:
-        self.inner.send_checkpoint(dst_ranks, step, state_dict, timeout)
-
-    def disallow_checkpoint(self) -> None:
-        self.inner.disallow_checkpoint()
+    @classmethod
+    def _load_from_address(cls, address: str, timeout: timedelta) -> object:
+        with urllib.request.urlopen(address, timeout=timeout.total_seconds()) as f:
+            return _streaming_load(f, weights_only=True)
 
     def recv_checkpoint(self, src_rank, metadata, step, timeout):
         start = time.perf_counter()
         try:
-            return self.inner.recv_checkpoint(src_rank, metadata, step, timeout)
+            return super().recv_checkpoint(src_rank, metadata, step, timeout)
         finally:
             self.last_fetch_s = time.perf_counter() - start
-
-    def shutdown(self, wait: bool = True) -> None:
-        self.inner.shutdown(wait)
 
 
 def _connected_tcp_sockets() -> dict[int, int]:
@@ -264,10 +280,11 @@ class FailFastManager(Manager):
 
 
 def build_manager(cfg: TrainerConfig, load_state_dict: Callable[[Any], None],
-                  state_dict: Callable[[], Any]) -> tuple[FailFastManager, TimedTransport]:
+                  state_dict: Callable[[], Any]) -> tuple[FailFastManager, HealTransport]:
     timeout = timedelta(seconds=cfg.timeout_s)
     pg = ProcessGroupNCCL(timeout=timeout) if cfg.device == "cuda" else AbortableProcessGroupGloo(timeout=timeout)
-    transport = TimedTransport(HTTPTransport(timeout=timeout, num_chunks=0), cfg.advertise_host)
+    host = cfg.advertise_host or socket.gethostname()
+    transport = HealTransport(timeout, host)
     manager = FailFastManager(
         pg=pg,
         load_state_dict=load_state_dict,
@@ -281,7 +298,7 @@ def build_manager(cfg: TrainerConfig, load_state_dict: Callable[[Any], None],
         world_size_mode=WorldSizeMode.DYNAMIC if cfg.world_size_mode == "dynamic" else WorldSizeMode.FIXED_WITH_SPARES,
         lighthouse_addr=cfg.lighthouse,
         replica_id=replica_name(cfg.group),
-        hostname=cfg.advertise_host or socket.gethostname(),
+        hostname=host,
         heartbeat_interval=timedelta(milliseconds=cfg.heartbeat_interval_ms),
         checkpoint_transport=transport,
         init_sync=cfg.init_sync,

@@ -171,8 +171,9 @@ class GradientCheck:
 
     def _result(self, start: float, passed: bool, incidents: list[Incident] | None) -> CheckResult:
         wait_s, self._wait_s = self._wait_s, 0.0
+        reran = bool(incidents)  # reruns happen only to attribute an incident
         return CheckResult(passed, incidents or [], decided=incidents is not None, wait_s=wait_s,
-                           rerun_s=time.perf_counter() - start - wait_s)
+                           rerun_s=time.perf_counter() - start - wait_s if reran else 0.0)
 
     def check(self, norm: float, rerun: Callable[[int], float]) -> CheckResult:
         """Exchange this group's gradient norm with the others' and judge them. The optimizer

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from protocol.beacon import BEACON_INTERVAL_S, Beacon, Phase, beacon_file_name
-from protocol.events import BaseEvent, TorchftLogEvent, events_file_name
+from protocol.events import BaseEvent, EventIds, TorchftLogEvent, events_file_name
 from protocol.files import write_model
 
 _STOP = object()
@@ -32,6 +32,7 @@ class EventSink:
         self.group = group
         self.rank = rank
         self.path = events_dir / events_file_name(group, rank)
+        self.ids = EventIds(f"g{group}.r{rank}")
         self.dropped = 0
         self._queue: queue.Queue = queue.Queue(maxsize=capacity)
         self._thread = threading.Thread(target=self._write_loop, name="ft-events", daemon=True)
@@ -68,7 +69,8 @@ class EventSink:
                     continue
                 event_cls, ts, fields = entry
                 try:
-                    lines.append(event_cls(ts=ts, group=self.group, rank=self.rank, **fields).model_dump_json())
+                    lines.append(event_cls(ts=ts, group=self.group, rank=self.rank, eid=self.ids.next(),
+                                           **fields).model_dump_json())
                 except ValueError:
                     self.dropped += 1
             if out is None:

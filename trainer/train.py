@@ -37,7 +37,7 @@ from protocol.files import write_model
 from protocol.lighthouse import lighthouse_unreachable
 from protocol.quarantine import Quarantine, quarantine_file
 from protocol.spare import readiness_file
-from trainer.checkpoint import Checkpointer, Found
+from trainer.checkpoint import Checkpointer, Found, step_of
 from trainer.config import TrainerConfig
 from trainer.fault_tolerance import (
     LIGHTHOUSE_PROBE_TIMEOUT_S,
@@ -232,7 +232,7 @@ class RankTrainer:
         def warn(path: Path, reason: str) -> None:
             log.warning("skipping checkpoint %s: %s", path, reason)
             self._say(f"warning: skipping incomplete checkpoint {path.name}: {reason}")
-            self.sink.emit(CheckpointEvent, action="skipped", step=int(path.name.removeprefix("step-")),
+            self.sink.emit(CheckpointEvent, action="skipped", step=step_of(path),
                            seconds=0.0, path=str(path), reason=reason)
 
         found = self.checkpointer.choose(warn)
@@ -323,7 +323,7 @@ class RankTrainer:
             self._say(f"healed from group {self.live.last_source_group} at step {o.healed_step}: "
                       f"{self.live.last_load_bytes / 2**20:.1f} MiB in {self.transport.last_fetch_s:.2f}s")
         self.sink.emit(
-            StepEvent, step=o.step, committed=o.committed, loss=o.loss, lr=o.lr, step_s=o.step_s,
+            StepEvent, step=o.step, committed=o.committed, loss=_finite(o.loss), lr=o.lr, step_s=o.step_s,
             compute_s=o.compute_s, allreduce_s=o.allreduce_s, commit_s=o.commit_s, quorum_id=o.quorum_id,
             participants=o.participants, participating=o.participating, healed=o.healed,
             batches_committed=o.batches_committed, batches_skipped=self.position.batches_skipped,

@@ -124,6 +124,7 @@ class Agent:
             pid=supervisor.proc.pid if running else None, pids=supervisor.pids(),
             starts=supervisor.starts, restarts=supervisor.restarts, last_step=forwarder.last_step,
             last_exit=supervisor.last_exit, events_buffered=len(forwarder.buffer),
-            events_dropped=forwarder.dropped, events_forwarded=forwarder.forwarded,
+            events_dropped=forwarder.dropped, events_refused=forwarder.refused, events_invalid=forwarder.invalid,
+            events_forwarded=forwarder.forwarded,
             control_plane_reachable=forwarder.reachable, spare=self.spare.state() if self.spare else None,
         )

@@ -15,6 +15,7 @@ from service.agent.config import AgentSettings
 from service.agent.metrics import AgentCollector
 from service.agent.supervisor import StateConflict
 from protocol.auth import require_token
+from protocol.http_guard import guard
 
 
 def create_app(settings: AgentSettings) -> FastAPI:
@@ -35,6 +36,8 @@ def create_app(settings: AgentSettings) -> FastAPI:
     async def conflict(request: Request, err: StateConflict) -> JSONResponse:
         return JSONResponse(status_code=409, content={"detail": str(err)})
 
+    accepted = [settings.token]
+    guard(app, lambda path: accepted, [*settings.allowed_hosts, settings.host, settings.advertise_host or settings.host])
     app.include_router(routes.router)
-    app.include_router(routes.commands, dependencies=[Depends(require_token(settings.token))])
+    app.include_router(routes.commands, dependencies=[Depends(require_token(lambda path: accepted))])
     return app

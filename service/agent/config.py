@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import AliasChoices, Field
+from pydantic import AliasChoices, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from protocol import defaults
+from protocol.tokens import group_token, strong_token
 from service.agent.supervisor import STOP_TIMEOUT_S
 from service.agent.watchdog import WatchdogSettings
 
@@ -21,9 +22,15 @@ class AgentSettings(BaseSettings):
     ranks_per_group: int = Field(defaults.RANKS_PER_GROUP, ge=1, description="ranks (torchrun processes) in the group")
     lighthouse: str = Field(defaults.lighthouse_address(), description="torchft Lighthouse address for the trainer")
     control_plane: str | None = Field(None, description="control-plane URL to forward events to")
-    token: str = Field(validation_alias=AliasChoices("token", "FTCTL_TOKEN"),
-                       description="bearer token for commands from, and events to, the control plane")
+    token: str | None = Field(None, validation_alias=AliasChoices("token", "FTCTL_AGENT_TOKEN"),
+                              description="this group's token: commands from the control plane carry it, and the "
+                              "group's events go with it (`ftctl token --group G` prints it)")
+    job_token: str | None = Field(None, validation_alias=AliasChoices("job_token", "FTCTL_TOKEN"), repr=False,
+                                  description="the job's token instead: the agent derives its group's token from it "
+                                  "and keeps only that")
     host: str = Field(defaults.LOOPBACK, description="address of this agent's HTTP API")
+    allowed_hosts: list[str] = Field(default_factory=list, description="names this agent answers to besides "
+                                     "loopback, --host and --advertise-host (its pod's address in Kubernetes)")
     port: int = Field(0, ge=0, le=65535, description="port of this agent's HTTP API; 0 picks a free one")
     advertise_host: str | None = Field(None, description="address other groups reach this group at (default loopback)")
     state_dir: Path = Field(Path("ftstate"), description="events/, logs/ and checkpoints/ live here")
@@ -49,6 +56,16 @@ class AgentSettings(BaseSettings):
     watchdog_min_steps: int = Field(5, ge=1, description="steps of a start before its step bound applies (a "
                                     "rejoined group's first steps heal and warm up)")
     watchdog_checkpoint_s: float = Field(300.0, gt=0, description="a checkpoint save longer than this is stuck")
+
+    @model_validator(mode="after")
+    def _group_token(self) -> "AgentSettings":
+        if self.token is None:
+            if self.job_token is None:
+                raise ValueError("no token: pass --token (FTCTL_AGENT_TOKEN, the group's) or FTCTL_TOKEN (the job's)")
+            self.token = group_token(strong_token(self.job_token), self.group)
+        self.job_token = None
+        strong_token(self.token)
+        return self
 
     def watchdog_settings(self) -> WatchdogSettings:
         return WatchdogSettings(self.watchdog_interval_s, self.watchdog_silence_s, self.watchdog_floor_s,

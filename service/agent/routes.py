@@ -9,6 +9,7 @@ from fastapi.concurrency import run_in_threadpool
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from protocol.agent import HEALTH_PATH, STATUS_PATH, AgentAction, AgentStatus, CommandResult, command_path
+from protocol.health import Served
 from protocol.injection import INJECT_PATH, InjectRequest, InjectResult
 from service.agent.agent import Agent
 from service.agent.supervisor import StateConflict
@@ -33,9 +34,10 @@ def metrics(request: Request) -> Response:
     return Response(generate_latest(request.app.state.registry), media_type=CONTENT_TYPE_LATEST)
 
 
-@router.get(HEALTH_PATH)
-def healthz() -> dict:
-    return {"ok": True}
+@router.get(HEALTH_PATH, response_model=Served)
+def healthz() -> Served:
+    """Liveness: the agent answers."""
+    return Served(ok=True)
 
 
 async def _run(agent: Agent, action: AgentAction, fn: Callable[[], int | list[int] | None]) -> CommandResult:

@@ -15,7 +15,8 @@ from pathlib import Path
 
 from protocol.agent import SpareState
 from protocol.spare import promotion_file, readiness_file, spare_files
-from service.agent.supervisor import GroupCommand, reap_pidfile
+from service.agent.pidfile import reap_pidfile, record_pid
+from service.agent.supervisor import GroupCommand
 
 log = logging.getLogger("agent.spare")
 
@@ -50,7 +51,7 @@ class WarmSpare:
             self.clean(keep_from=self.generation - 1)
             self.proc = self.command.spawn(f"starting a warm spare of group {self.group}",
                                            ("--spare-promote-file", str(self._promote_path())))
-            self.pid_path.write_text(str(self.proc.pid))
+            record_pid(self.pid_path, self.proc.pid, self.group)
         log.info("group %d: warm spare %d starting (pid %d)", self.group, self.generation, self.proc.pid)
 
     def clean(self, keep_from: int) -> None:
@@ -88,7 +89,7 @@ class WarmSpare:
 
     def reap(self) -> list[int]:
         """At agent start: kill a spare a dead agent left, and forget its files."""
-        pids = reap_pidfile(self.pid_path)
+        pids = reap_pidfile(self.pid_path, self.group)
         if self.run_dir.is_dir():
             self.clean(keep_from=self.generation + 1)
         return pids

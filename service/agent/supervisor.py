@@ -15,7 +15,8 @@ from protocol.events import ExitKind
 from protocol.agent import LastExit
 from protocol.quarantine import Quarantine
 from protocol.torchrun import torchrun_argv, torchrun_env
-from service.proctree import REAPED_S, end_tree, kill_tree, process_tree, signal_tree, wait_gone
+from service.agent.pidfile import forget_pid, reap_pidfile, record_pid
+from service.proctree import REAPED_S, end_tree, process_tree, signal_tree, wait_gone
 
 if TYPE_CHECKING:
     from service.agent.spare import WarmSpare
@@ -54,19 +55,6 @@ class GroupCommand:
     def stop(self, proc: subprocess.Popen) -> None:
         """SIGTERM to torchrun (it forwards it to the ranks), then SIGKILL whatever is left."""
         end_tree(proc, self.stop_timeout_s)
-
-
-def reap_pidfile(pid_path: Path) -> list[int]:
-    """SIGKILL the torchrun tree a pid file names, if it still runs (its agent died)."""
-    try:
-        pid = int(pid_path.read_text())
-    except (OSError, ValueError):
-        return []
-    tree = process_tree(pid)
-    if not tree or "torch.distributed.run" not in " ".join(tree[0].cmdline()):
-        return []
-    log.warning("killing torchrun %d left behind by a previous agent (%s)", pid, pid_path.name)
-    return kill_tree(pid)
 
 
 LIGHTHOUSE_POLL_S = 0.5
@@ -109,7 +97,7 @@ class GroupSupervisor:
 
     def reap_orphans(self) -> list[int]:
         """Kill what a previous agent of this group left running: two copies must never train."""
-        return reap_pidfile(self.pid_path) + (self.spare.reap() if self.spare else [])
+        return reap_pidfile(self.pid_path, self.group) + (self.spare.reap() if self.spare else [])
 
     def start(self) -> int:
         """Start the group: promote the warm spare when there is one, else start cold."""
@@ -122,8 +110,7 @@ class GroupSupervisor:
             else:
                 self.proc = self.command.spawn(f"starting group {self.group}")
                 detail = "cold start"
-            self.pid_path.parent.mkdir(parents=True, exist_ok=True)
-            self.pid_path.write_text(str(self.proc.pid))
+            record_pid(self.pid_path, self.proc.pid, self.group)
             self.starts += 1
             self._intent = None
             proc = self.proc
@@ -148,6 +135,7 @@ class GroupSupervisor:
 
     def _exited(self, proc: subprocess.Popen, kind: ExitKind, detail: str | None = None) -> None:
         code = proc.wait()
+        forget_pid(self.pid_path, proc.pid)
         self.last_exit = LastExit(kind=kind, returncode=code, ts=time.time())
         log.info("group %d %s (exit code %s)%s", self.group, kind, code, f": {detail}" if detail else "")
         self.on_event(kind, pid=proc.pid, returncode=code, detail=detail)

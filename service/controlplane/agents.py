@@ -5,14 +5,20 @@ from __future__ import annotations
 import httpx
 
 from protocol.agent import STATUS_PATH, AgentAction, AgentStatus, CommandResult, command_path
+from protocol.tokens import group_token
 from protocol.injection import INJECT_PATH, InjectRequest, InjectResult
 from service.controlplane.errors import AgentConflict, AgentUnreachable, NoAgent
 
 
 class AgentClient:
-    def __init__(self, agents: dict[int, str], token: str, timeout_s: float):
+    def __init__(self, agents: dict[int, str], job_token: str, timeout_s: float):
+        """Each agent is called with its own group's token (``protocol/auth.py``)."""
         self.agents = agents
-        self.client = httpx.AsyncClient(timeout=timeout_s, headers={"Authorization": f"Bearer {token}"})
+        self.job_token = job_token
+        self.client = httpx.AsyncClient(timeout=timeout_s)
+
+    def _auth(self, group: int) -> dict[str, str]:
+        return {"Authorization": f"Bearer {group_token(self.job_token, group)}"}
 
     def _url(self, group: int) -> str:
         url = self.agents.get(group)
@@ -24,7 +30,7 @@ class AgentClient:
         """The agent's own view: its processes, restarts, warm spare, event buffer."""
         url = self._url(group)
         try:
-            response = (await self.client.get(f"{url}{STATUS_PATH}")).raise_for_status()
+            response = (await self.client.get(f"{url}{STATUS_PATH}", headers=self._auth(group))).raise_for_status()
             return AgentStatus.model_validate(response.json())
         except (httpx.HTTPError, ValueError) as err:
             raise AgentUnreachable(f"the agent of group {group} at {url} does not answer: {err}") from None
@@ -41,7 +47,7 @@ class AgentClient:
     async def _post(self, group: int, path: str, body: dict | None = None) -> dict:
         url = self._url(group)
         try:
-            response = await self.client.post(f"{url}{path}", json=body)
+            response = await self.client.post(f"{url}{path}", json=body, headers=self._auth(group))
         except httpx.HTTPError as err:
             raise AgentUnreachable(f"the agent of group {group} at {url} does not answer: {err}") from None
         if response.status_code == 409:

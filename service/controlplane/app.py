@@ -7,13 +7,14 @@ import asyncio
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-from fastapi import Depends, FastAPI, Request
-from fastapi.encoders import jsonable_encoder
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import FileResponse, JSONResponse
+from fastapi import Depends, FastAPI
+from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 
 from protocol.auth import require_token
+from protocol.tokens import group_token
+from protocol.http_guard import guard
+from protocol.ingest import ingest_group
 from service.controlplane import errors, goodput
 from service.controlplane.agents import AgentClient
 from service.controlplane.bus import EventBus
@@ -47,7 +48,7 @@ def build_services(settings: ControlPlaneSettings) -> Services:
         store, board.median_step_s(), settings.classic_recovery_json, list(goodput.DEFAULT_GPUS),
         goodput.Assumptions())))
     return Services(
-        settings=settings, store=store, board=board, bus=bus, ingest=Ingestor(store, board, metrics, bus, tracker),
+        settings=settings, store=store, board=board, bus=bus, ingest=Ingestor(store, board, metrics, bus, tracker, settings.max_clock_skew_s, settings.max_event_age_s),
         agents=agents, control=control, drills=DrillRunner(settings, store, bus, control, agents, lighthouse, tracker),
         lighthouse=lighthouse, stragglers=tracker,
         metrics_registry=metrics.registry,
@@ -79,12 +80,6 @@ def create_app(settings: ControlPlaneSettings) -> FastAPI:
     )
     errors.install(app)
 
-    @app.exception_handler(RequestValidationError)
-    async def one_line_422(request: Request, err: RequestValidationError) -> JSONResponse:
-        first = err.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        return JSONResponse(status_code=422, content={"detail": f"{where}: {first['msg']}", "errors": jsonable_encoder(err.errors())})
-
     static = Path(__file__).with_name("static")
     app.mount("/static", StaticFiles(directory=static), name="static")
 
@@ -93,7 +88,13 @@ def create_app(settings: ControlPlaneSettings) -> FastAPI:
         """The live page: quorum grid, loss and step-time charts, events, kill / rejoin / drill."""
         return FileResponse(static / "index.html")
 
-    auth = [Depends(require_token(settings.token))]
+    def accepted(path: str) -> list[str]:
+        """The job's token; on a group's ingest path also that group's agent token."""
+        group = ingest_group(path)
+        return [settings.token] if group is None else [settings.token, group_token(settings.token, group)]
+
+    guard(app, accepted, [*settings.allowed_hosts, settings.host], settings.max_body_bytes)
+    auth = [Depends(require_token(accepted))]
     app.include_router(health.router)
     app.include_router(quorum.router)
     app.include_router(groups.router)

@@ -2,6 +2,10 @@
 
 One file, WAL mode, schema versioned with ``PRAGMA user_version``: a file written by an
 older version is migrated forward on open; a newer one is refused with a clear error.
+
+Every write runs in a transaction: alone, or inside :meth:`Store.transaction` with others, so a
+batch of events, its accounting and the transitions it causes are stored together or not at all;
+a failure rolls back and leaves the connection ready for the next one.
 """
 
 from __future__ import annotations
@@ -10,8 +14,9 @@ import json
 import sqlite3
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 from protocol.events import EVENT_ADAPTER, Event
 
@@ -53,6 +58,11 @@ MIGRATIONS: list[str] = [
         rejected INTEGER NOT NULL DEFAULT 0
     );
     """,
+    """
+    ALTER TABLE events ADD COLUMN eid TEXT;
+    CREATE UNIQUE INDEX events_by_eid ON events (eid) WHERE eid IS NOT NULL;
+    ALTER TABLE ingest_stats ADD COLUMN duplicates INTEGER NOT NULL DEFAULT 0;
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -67,7 +77,8 @@ class Store:
         self.path = path
         self._conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         self._conn.row_factory = sqlite3.Row
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
+        self._depth = 0
         with self._lock:
             self._conn.execute("PRAGMA journal_mode=WAL")
             self._conn.execute("PRAGMA synchronous=NORMAL")
@@ -89,20 +100,44 @@ class Store:
         with self._lock:
             return self._conn.execute(sql, tuple(args)).fetchall()
 
-    # --- events
-    def add_events(self, events: list[Event]) -> list[int]:
-        now = time.time()
-        ids = []
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        """What is written inside is committed together, or rolled back together when anything
+        raises; a transaction opened inside another joins it. Other threads wait meanwhile."""
         with self._lock:
-            self._conn.execute("BEGIN")
+            outer = self._depth == 0
+            if outer:
+                self._conn.execute("BEGIN IMMEDIATE")
+            self._depth += 1
+            try:
+                yield
+            except BaseException:
+                self._depth -= 1
+                if outer:
+                    self._conn.execute("ROLLBACK")
+                raise
+            self._depth -= 1
+            if outer:
+                self._conn.execute("COMMIT")
+
+    def _write(self, sql: str, args: Iterable[Any] = ()) -> sqlite3.Cursor:
+        with self.transaction():
+            return self._conn.execute(sql, tuple(args))
+
+    # --- events
+    def add_events(self, events: list[Event]) -> list[int | None]:
+        """Each event's row id; None for an event whose ``eid`` is stored already (a retry)."""
+        now = time.time()
+        ids: list[int | None] = []
+        with self.transaction():
             for e in events:
                 cur = self._conn.execute(
-                    "INSERT INTO events (ts, received, grp, rank, type, step, body) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    "INSERT INTO events (ts, received, grp, rank, type, step, body, eid) VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
+                    "ON CONFLICT (eid) WHERE eid IS NOT NULL DO NOTHING",
                     (e.ts, now, e.group, getattr(e, "rank", None), e.type, getattr(e, "step", None),
-                     e.model_dump_json()),
+                     e.model_dump_json(), e.eid),
                 )
-                ids.append(cur.lastrowid)
-            self._conn.execute("COMMIT")
+                ids.append(cur.lastrowid if cur.rowcount else None)
         return ids
 
     def events(self, group: int | None = None, types: list[str] | None = None, since: float | None = None,
@@ -147,39 +182,33 @@ class Store:
 
     # --- transitions
     def add_transition(self, group: int, state: str, reason: str | None, ts: float) -> None:
-        with self._lock:
-            self._conn.execute("INSERT INTO transitions (grp, state, reason, ts) VALUES (?, ?, ?, ?)",
-                               (group, state, reason, ts))
+        self._write("INSERT INTO transitions (grp, state, reason, ts) VALUES (?, ?, ?, ?)", (group, state, reason, ts))
 
     def transitions(self, group: int) -> list[dict]:
         return [dict(r) for r in self._rows(
             "SELECT state, reason, ts FROM transitions WHERE grp = ? ORDER BY id", [group])]
 
     # --- ingest accounting
-    def record_ingest(self, group: int, agent_dropped: int, rejected: int) -> None:
-        with self._lock:
-            self._conn.execute(
-                "INSERT INTO ingest_stats (grp, agent_dropped, rejected) VALUES (?, ?, ?) "
-                "ON CONFLICT(grp) DO UPDATE SET agent_dropped = excluded.agent_dropped, "
-                "rejected = rejected + excluded.rejected", (group, agent_dropped, rejected))
+    def record_ingest(self, group: int, agent_dropped: int, rejected: int, duplicates: int) -> None:
+        self._write("INSERT INTO ingest_stats (grp, agent_dropped, rejected, duplicates) VALUES (?, ?, ?, ?) "
+                    "ON CONFLICT(grp) DO UPDATE SET agent_dropped = excluded.agent_dropped, "
+                    "rejected = rejected + excluded.rejected, duplicates = duplicates + excluded.duplicates",
+                    (group, agent_dropped, rejected, duplicates))
 
     def ingest_stats(self) -> dict[int, dict]:
-        return {r["grp"]: {"agent_dropped": r["agent_dropped"], "rejected": r["rejected"]}
+        return {r["grp"]: {"agent_dropped": r["agent_dropped"], "rejected": r["rejected"],
+                           "duplicates": r["duplicates"]}
                 for r in self._rows("SELECT * FROM ingest_stats")}
 
     # --- drills
     def create_drill(self, kind: str, group: int | None, report: dict) -> int:
         now = time.time()
-        with self._lock:
-            cur = self._conn.execute(
-                "INSERT INTO drills (kind, grp, status, created, updated, report) VALUES (?, ?, 'running', ?, ?, ?)",
-                (kind, group, now, now, json.dumps(report)))
-            return cur.lastrowid
+        return self._write("INSERT INTO drills (kind, grp, status, created, updated, report) "
+                           "VALUES (?, ?, 'running', ?, ?, ?)", (kind, group, now, now, json.dumps(report))).lastrowid
 
     def update_drill(self, drill_id: int, status: str, report: dict, error: str | None = None) -> None:
-        with self._lock:
-            self._conn.execute("UPDATE drills SET status = ?, report = ?, error = ?, updated = ? WHERE id = ?",
-                               (status, json.dumps(report), error, time.time(), drill_id))
+        self._write("UPDATE drills SET status = ?, report = ?, error = ?, updated = ? WHERE id = ?",
+                    (status, json.dumps(report), error, time.time(), drill_id))
 
     def drill(self, drill_id: int) -> dict | None:
         rows = self._rows("SELECT * FROM drills WHERE id = ?", [drill_id])
@@ -201,9 +230,8 @@ class Store:
                 for r in self._rows("SELECT kind, status, COUNT(*) AS n FROM drills GROUP BY kind, status")}
 
     def fail_running_drills(self, error: str) -> int:
-        with self._lock:
-            return self._conn.execute("UPDATE drills SET status = 'failed', error = ?, updated = ? "
-                                      "WHERE status = 'running'", (error, time.time())).rowcount
+        return self._write("UPDATE drills SET status = 'failed', error = ?, updated = ? WHERE status = 'running'",
+                           (error, time.time())).rowcount
 
 
 def _drill_row(row: sqlite3.Row) -> dict:

@@ -8,6 +8,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 from prometheus_client import CollectorRegistry
 
+from protocol.tokens import bearer, token_accepted
 from service.controlplane.agents import AgentClient
 from service.controlplane.bus import EventBus
 from service.controlplane.db import Store
@@ -59,13 +60,29 @@ def _group_from_path(group: int, s: ServicesDep) -> GroupView:
 GroupDep = Annotated[GroupView, Depends(_group_from_path)]
 
 
+def _authorized(request: Request, s: ServicesDep) -> bool:
+    return token_accepted(bearer(request.headers.get("authorization")), [s.settings.token])
+
+
+AuthorizedDep = Annotated[bool, Depends(_authorized)]
+"""Whether a read carries the job's token: only then does it see what torchft's own unauthenticated
+kill paths need (full replica ids, Manager and store addresses)."""
+
+SECRET_FIELDS = ("replica_id", "manager_address", "store_address")
+
+
+def redacted(fields: dict) -> dict:
+    """A record as an unauthenticated reader sees it: without the fields in :data:`SECRET_FIELDS`."""
+    return {k: (None if k in SECRET_FIELDS else v) for k, v in fields.items()}
+
+
 def group_out(view: GroupView, with_transitions: bool = False) -> GroupOut:
     t = view.transition
     heal = view.last_heal
     flag, sdc = view.straggler, view.last_sdc
     return GroupOut(
         group=view.group, state=view.state, down_reason=view.down_reason,
-        since=t.ts if t else None, step=view.step, loss=view.loss, participants=view.participants,
+        since=t.ts if t else None, step=view.step, loss=view.loss, diverged=view.diverged, participants=view.participants,
         quorum_id=view.quorum_id, step_s=view.step_s, last_event_ts=view.last_event_ts,
         last_heal=HealOut(ts=heal.ts, step=heal.step, source_group=heal.source_group, bytes=heal.bytes,
                           fetch_s=heal.fetch_s, load_s=heal.load_s) if heal else None,

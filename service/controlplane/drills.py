@@ -53,6 +53,7 @@ class DrillRunner:
         self.stragglers = stragglers
         self.task: asyncio.Task | None = None
         self.current_id: int | None = None
+        self._cancel_reason = ""
 
     @property
     def running(self) -> bool:
@@ -144,16 +145,30 @@ class DrillRunner:
             except Exception as err:  # a bug must still end the drill as failed, not leave it running
                 log.exception("drill %d crashed", drill_id)
                 save("failed", f"{report.phase}: {type(err).__name__}: {err}")
+            except asyncio.CancelledError:
+                save("cancelled", f"{report.phase}: {self._cancel_reason}")
+                raise
             finally:
                 self.control.release(drill_id)
 
         self.task = asyncio.create_task(main())
         return drill_id
 
-    async def cancel(self) -> None:
+    async def cancel(self, reason: str = "the control plane stopped") -> None:
+        """End the running drill where it is (its report keeps what it measured, status
+        ``cancelled``) and release the groups. A fault it injected runs out by itself: a slow
+        group's delay at its ``--duration``, a persistent corruption at its window."""
         if self.running:
+            self._cancel_reason = reason
             self.task.cancel()
             try:
                 await self.task
             except asyncio.CancelledError:
                 pass
+
+    async def cancel_drill(self, drill_id: int) -> None:
+        """``DELETE /api/v1/drills/{id}``: only the drill that runs can be cancelled."""
+        if not self.running or self.current_id != drill_id:
+            raise DrillConflict(f"drill {drill_id} is not running" + (
+                f"; drill {self.current_id} is" if self.running else ""))
+        await self.cancel("cancelled by request")

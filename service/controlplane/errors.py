@@ -66,6 +66,12 @@ class NoAgent(DomainError):
     status = 503
 
 
+class StorageUnavailable(DomainError):
+    """SQLite refused a write (a full or failing disk): nothing of the request was stored."""
+
+    status = 503
+
+
 class AgentUnreachable(DomainError):
     """The agent did not answer, or answered with an error of its own."""
 

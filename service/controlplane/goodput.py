@@ -15,7 +15,7 @@ import json
 import statistics
 from pathlib import Path
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from service.controlplane.db import Store
 from service.controlplane.errors import InvalidQuery, NothingMeasured
@@ -27,13 +27,17 @@ SEED_CLASSIC = {"detect_s": 60.0, "restart_s": 30.0, "load_s": 60.0}
 MEASURED_DRILLS = 1000
 """The newest kill-heal drills whose medians feed the projection."""
 DEFAULT_GPUS = (1024, 16384)
+MAX_GPUS = 10_000_000
 """The seed's two scales: a large job today, and Llama 3's 16,384 GPUs."""
 
 
 class Assumptions(BaseModel):
-    gpu_mtbf_hours: float = Field(50_000.0, gt=0, description="per-GPU MTBF (Llama 3: ~50,700 h)")
-    gpus_per_group: int = Field(8, ge=1, description="GPUs one replica group loses when a GPU fails")
-    delta_s: float = Field(10.0, ge=0, description="exposed seconds of one checkpoint")
+    model_config = ConfigDict(allow_inf_nan=False)
+
+    gpu_mtbf_hours: float = Field(50_000.0, gt=0, le=1e9, description="per-GPU MTBF (Llama 3: ~50,700 h)")
+    gpus_per_group: int = Field(8, ge=1, le=MAX_GPUS, description="GPUs one replica group loses when a GPU fails")
+    delta_s: float = Field(10.0, gt=0, le=86_400, description="exposed seconds of one checkpoint (Young's interval "
+                           "needs it above 0)")
     hang_fraction: float = Field(0.017, ge=0, le=1, description="share of failures that are hangs (Llama 3: NCCL "
                                  "watchdog timeouts were 1.7% of interruptions); the rest are crashes")
 

@@ -93,6 +93,11 @@ class GroupView:
     def down_reason(self) -> str | None:
         return self.transition.reason if self.state == "down" else None
 
+    @property
+    def diverged(self) -> bool:
+        """The last committed step's loss was not finite (its event carries it as null)."""
+        return self.step is not None and self.loss is None
+
     def note(self, event: Event) -> None:
         """Update the latest-known figures (step, loss, heal, pid) without touching the state."""
         self.last_event_ts = max(self.last_event_ts or 0.0, event.ts)
@@ -123,11 +128,12 @@ class GroupBoard:
     def __init__(self, store: Store, groups: int):
         self.store = store
         self.views = {g: GroupView(g) for g in range(groups)}
-        self._restore()
+        self.restore()
 
-    def _restore(self) -> None:
-        """Rebuild the views from SQLite after a restart."""
-        for g, view in self.views.items():
+    def restore(self) -> None:
+        """Rebuild the views from SQLite: after a restart, or a write that was rolled back."""
+        for g in self.views:
+            self.views[g] = view = GroupView(g)
             for t in self.store.transitions(g):
                 view.apply(Transition(t["state"], t["reason"], t["ts"]))
             for type_, rank, where in (("process", None, None), ("heal", 0, None), ("straggler", None, None),

@@ -15,8 +15,7 @@ class LighthouseUnreachable(Exception):
 class LighthouseClient:
     def __init__(self, url: str, timeout_s: float, token: str):
         self.url = url
-        self.client = httpx.AsyncClient(base_url=url, timeout=timeout_s)
-        self.token = token
+        self.client = httpx.AsyncClient(base_url=url, timeout=timeout_s, headers={"Authorization": f"Bearer {token}"})
 
     async def status(self) -> LighthouseStatus:
         try:
@@ -36,8 +35,7 @@ class LighthouseClient:
         """SIGKILL the Lighthouse through its wrapper (the Lighthouse drill's fault); the wrapper
         restarts it ``down_s`` later. LighthouseUnreachable carries the wrapper's reason."""
         try:
-            response = await self.client.post(KILL_PATH, json=LighthouseKill(down_s=down_s).model_dump(),
-                                              headers={"Authorization": f"Bearer {self.token}"})
+            response = await self.client.post(KILL_PATH, json=LighthouseKill(down_s=down_s).model_dump())
         except httpx.HTTPError as err:
             raise LighthouseUnreachable(f"{self.url}: {err}") from None
         if response.is_error:

@@ -45,7 +45,7 @@ FAULT_CLASSES = {"crash": ("kill-heal", "survivors_resume_s"), "hang": ("hang", 
 """Fault class → the drill that measures it, and its report's key for "the job trains again"
 (every report's ``detect_s`` is its detection: the survivors' quorum dropped the group, or the
 control plane found the Lighthouse gone)."""
-DRILL_OUTCOMES = ("done", "failed")
+DRILL_OUTCOMES = ("done", "failed", "cancelled")
 FINGERPRINT_STEPS = 20
 """Steps of fingerprints kept to compare: groups report the same step within seconds."""
 
@@ -84,7 +84,6 @@ class JobMetrics:
         self.grad_norm = Gauge("ftctl_gradient_norm", "the group's own gradient norm at its last step, before it "
                                "crossed groups (NaN: not finite)", ["group"], registry=r)
         self.events = Counter("ftctl_events_received_total", "events accepted from agents", registry=r)
-        self.rejected = Counter("ftctl_events_rejected_total", "events refused as invalid", registry=r)
         for g in map(str, range(groups)):
             for per_group in (self.compute, self.allreduce, self.commits, self.commit_failures, self.heals,
                               self.heal_seconds, self.heal_bytes, self.starts, self.quorum_changes, self.stragglers,
@@ -160,7 +159,8 @@ class StateCollector:
         up = GaugeMetricFamily("ftctl_group_up", "1 while the group is not down", labels=["group"])
         step = GaugeMetricFamily("ftctl_group_step", "last committed step", labels=["group"])
         lag = GaugeMetricFamily("ftctl_group_step_lag", "steps behind the most advanced group", labels=["group"])
-        loss = GaugeMetricFamily("ftctl_group_loss", "last committed loss", labels=["group"])
+        loss = GaugeMetricFamily("ftctl_group_loss", "last committed loss (NaN: not finite, the training diverged)",
+                                 labels=["group"])
         parts = GaugeMetricFamily("ftctl_group_participants", "groups in the quorum this group trains in",
                                   labels=["group"])
         quorum = GaugeMetricFamily("ftctl_group_quorum_id", "the quorum this group trains in (its rank 0's last "
@@ -176,8 +176,8 @@ class StateCollector:
             if v.step is not None:
                 step.add_metric([g], v.step)
                 lag.add_metric([g], top - v.step)
-            if v.loss is not None:
-                loss.add_metric([g], v.loss)
+            if v.step is not None:
+                loss.add_metric([g], math.nan if v.diverged else v.loss)
             if v.participants is not None:
                 parts.add_metric([g], v.participants)
             if v.quorum_id is not None:
@@ -189,13 +189,25 @@ class StateCollector:
                                 value=self.metrics.fingerprint_mismatch)
         yield GaugeMetricFamily("ftctl_checkpoint_last_save_timestamp_seconds", "when the newest checkpoint was saved",
                                 value=self.metrics.last_checkpoint_ts)
-        dropped = CounterMetricFamily("ftctl_events_dropped", "events an agent dropped while the control plane "
-                                      "was away (as the agent counts them)", labels=["group"])
+        yield from self._ingest()
+        yield from self._drills()
+
+    def _ingest(self):
+        """What the store counted of each group's events, so a restart keeps the counts."""
+        families = {
+            "agent_dropped": CounterMetricFamily("ftctl_events_dropped", "events an agent gave up on: its buffer was "
+                                                 "full, or the control plane refused their batch (as the agent counts "
+                                                 "them)", labels=["group"]),
+            "rejected": CounterMetricFamily("ftctl_events_rejected", "events refused as invalid (one line of why in "
+                                            "the ingest answer)", labels=["group"]),
+            "duplicates": CounterMetricFamily("ftctl_events_duplicate", "events sent again (a retry, a re-read) and "
+                                              "stored only once", labels=["group"]),
+        }
         stats = self.store.ingest_stats()
         for g in self.board.views:
-            dropped.add_metric([str(g)], stats.get(g, {}).get("agent_dropped", 0))
-        yield dropped
-        yield from self._drills()
+            for key, family in families.items():
+                family.add_metric([str(g)], stats.get(g, {}).get(key, 0))
+        yield from families.values()
 
     def _stragglers(self):
         """Every group has its flag; the ratios exist for the groups in the detector's last verdict."""

@@ -8,8 +8,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from protocol.agent import CommandResult
 from protocol.events import ExitKind, SdcEvent, Verdict
+from protocol.health import Served
 from protocol.injection import HangKind
-from protocol.lighthouse import MAX_HOLD_S, Heartbeat, LighthouseStatus
+from protocol.lighthouse import MAX_HOLD_S, LighthouseStatus
 
 
 class TransitionOut(BaseModel):
@@ -56,7 +57,8 @@ class GroupOut(BaseModel):
                                          "when down")
     since: float | None = Field(None, description="when the group entered its state")
     step: int | None = Field(None, description="last committed step its rank 0 reported")
-    loss: float | None = None
+    loss: float | None = Field(None, description="last committed loss; null before any, or when it was not finite")
+    diverged: bool = Field(False, description="the last committed loss was not finite: the training diverged")
     participants: int | None = None
     quorum_id: int | None = None
     step_s: float | None = None
@@ -69,17 +71,27 @@ class GroupOut(BaseModel):
     transitions: list[TransitionOut] | None = Field(None, description="every transition (GET /groups/{g} only)")
 
 
+SECRET = "null without the job's token"
+
+
 class QuorumMemberOut(BaseModel):
     group: int | None
-    replica_id: str
+    replica_id: str | None = Field(description=f"torchft's name:uuid; {SECRET}")
     step: int
-    manager_address: str
-    store_address: str
+    manager_address: str | None = Field(description=f"{SECRET}")
+    store_address: str | None = Field(description=f"{SECRET}")
     world_size: int
     recovering: bool
     state: str | None = Field(None, description="the group's state in the control plane")
     last_reported_step: int | None = None
     participants: int | None = None
+
+
+class HeartbeatOut(BaseModel):
+    replica_id: str | None = Field(description=f"torchft's name:uuid; {SECRET}")
+    group: int | None
+    age_s: float
+    stale: bool
 
 
 class QuorumOut(BaseModel):
@@ -89,9 +101,9 @@ class QuorumOut(BaseModel):
     next_quorum_status: str | None = None
     heartbeating: int | None = None
     members: list[QuorumMemberOut] = []
-    heartbeats: list[Heartbeat] = []
+    heartbeats: list[HeartbeatOut] = []
     groups: list[GroupOut] = Field(description="every group, members of the quorum or not")
-    raw: LighthouseStatus | None = None
+    raw: LighthouseStatus | None = Field(None, description=f"the wrapper's whole answer; {SECRET}")
 
 
 class EventOut(BaseModel):
@@ -117,32 +129,36 @@ class CommandOut(BaseModel):
     replaced_by_spare: bool | None = Field(None, description="evict: the group's warm spare was promoted at once")
 
 
-class KillHealIn(BaseModel):
+MAX_ID = 1_000_000
+"""No group or rank number beyond this exists (a job has at most thousands of groups)."""
+
+
+class DrillBody(BaseModel):
+    """Every drill's request: no unknown field, no number that is not finite."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+class KillHealIn(DrillBody):
     """Kill one group, wait for the survivors, rejoin it, wait for its heal, compare fingerprints."""
 
-    model_config = ConfigDict(extra="forbid")
-
     kind: Literal["kill-heal"]
-    group: int = Field(ge=0)
+    group: int = Field(ge=0, le=MAX_ID)
     timeout_s: float | None = Field(None, gt=0, le=3600, description="per phase; default from settings")
 
 
-class HangIn(BaseModel):
+class HangIn(DrillBody):
     """Hang one group (its ranks stopped, or one stuck inside its step); the watchdog must end it."""
 
-    model_config = ConfigDict(extra="forbid")
-
     kind: Literal["hang"]
-    group: int = Field(ge=0)
-    rank: int | None = Field(None, ge=0, description="only this rank of the group (default: every rank)")
+    group: int = Field(ge=0, le=MAX_ID)
+    rank: int | None = Field(None, ge=0, le=MAX_ID, description="only this rank of the group (default: every rank)")
     mode: HangKind = Field("stop", description="stop: SIGSTOP the ranks; stuck: the rank sleeps inside its step")
     timeout_s: float | None = Field(None, gt=0, le=3600, description="per phase; default from settings")
 
 
-class LighthouseIn(BaseModel):
+class LighthouseIn(DrillBody):
     """SIGKILL torchft's Lighthouse (its wrapper restarts it); every group must pause, not restart."""
-
-    model_config = ConfigDict(extra="forbid")
 
     kind: Literal["lighthouse"]
     down_s: float = Field(0.0, ge=0, le=MAX_HOLD_S, description="keep it down this long (default: the wrapper's "
@@ -150,26 +166,22 @@ class LighthouseIn(BaseModel):
     timeout_s: float | None = Field(None, gt=0, le=3600, description="per phase; default from settings")
 
 
-class ChaosIn(BaseModel):
+class ChaosIn(DrillBody):
     """Kill random groups at exponentially distributed intervals; measure goodput."""
 
-    model_config = ConfigDict(extra="forbid")
-
     kind: Literal["chaos"]
-    mtbf_s: float = Field(gt=0, description="mean seconds between kills")
+    mtbf_s: float = Field(gt=0, le=86_400, description="mean seconds between kills")
     duration_s: float = Field(gt=0, le=86_400, description="length of the chaos window")
-    seed: int = 0
-    rejoin_delay_s: float = Field(5.0, ge=0, description="a killed group is rejoined after this")
-    baseline_s: float = Field(20.0, gt=0, description="failure-free measurement before the chaos")
+    seed: int = Field(0, ge=0, le=2**63 - 1)
+    rejoin_delay_s: float = Field(5.0, ge=0, le=3600, description="a killed group is rejoined after this")
+    baseline_s: float = Field(20.0, gt=0, le=3600, description="failure-free measurement before the chaos")
 
 
-class StragglerIn(BaseModel):
+class StragglerIn(DrillBody):
     """Slow one group down at run time (a sleep before every forward); the detector must name it."""
 
-    model_config = ConfigDict(extra="forbid")
-
     kind: Literal["straggler"]
-    group: int = Field(ge=0)
+    group: int = Field(ge=0, le=MAX_ID)
     delay_ms: float = Field(30.0, gt=0, le=60_000, description="the sleep before every forward")
     duration_s: float = Field(30.0, gt=0, le=3600, description="how long the group stays slow")
     baseline_s: float = Field(10.0, gt=0, le=3600, description="throughput measured before")
@@ -178,17 +190,15 @@ class StragglerIn(BaseModel):
                                                      "(default: the job's --straggler-policy)")
 
 
-class CorruptIn(BaseModel):
+class CorruptIn(DrillBody):
     """Corrupt one gradient element on one rank of a group, once or every step; the gradient
     check must skip the step everywhere and attribute it (with the check off: see it applied)."""
 
-    model_config = ConfigDict(extra="forbid")
-
     kind: Literal["corrupt"]
-    group: int = Field(ge=0)
-    scale: float = Field(1e4, description="the factor the element is multiplied by")
+    group: int = Field(ge=0, le=MAX_ID)
+    scale: float = Field(1e4, ge=-1e30, le=1e30, description="the factor the element is multiplied by")
     persistent: bool = Field(False, description="every step, as a bad chip would (default: once)")
-    rank: int = Field(0, ge=0, description="the rank whose gradient is corrupted")
+    rank: int = Field(0, ge=0, le=MAX_ID, description="the rank whose gradient is corrupted")
     baseline_s: float = Field(5.0, gt=0, le=3600, description="normal steps watched before")
     after_steps: int = Field(5, ge=1, le=1000, description="steps watched after the corrupted one")
     timeout_s: float | None = Field(None, gt=0, le=3600, description="per phase; default from settings")
@@ -428,7 +438,7 @@ class DrillOut(BaseModel):
     id: int
     kind: str
     group: int | None
-    status: Literal["running", "done", "failed"]
+    status: Literal["running", "done", "failed", "cancelled"]
     created: float
     updated: float
     error: str | None = None
@@ -441,6 +451,5 @@ class DrillList(BaseModel):
     drills: list[DrillOut]
 
 
-class Health(BaseModel):
-    ok: bool
+class Health(Served):
     checks: dict[str, str] = {}

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import AliasChoices, Field
+from pydantic import AfterValidator, AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from protocol import defaults
+from protocol.tokens import strong_token
+from protocol.http_guard import MAX_BODY_BYTES
 
 
 class ControlPlaneSettings(BaseSettings):
@@ -17,8 +19,12 @@ class ControlPlaneSettings(BaseSettings):
 
     host: str = Field(defaults.LOOPBACK, description="bind address (loopback unless told otherwise)")
     port: int = Field(defaults.CONTROL_PLANE_PORT, ge=0, le=65535)
-    token: str = Field(validation_alias=AliasChoices("token", "FTCTL_TOKEN"),
-                       description="bearer token every mutating request must carry")
+    token: Annotated[str, AfterValidator(strong_token)] = Field(
+        validation_alias=AliasChoices("token", "FTCTL_TOKEN"), description="the job's bearer token: every mutating "
+        "request must carry it (an agent posting its group's events: that group's token, derived from it)")
+    allowed_hosts: list[str] = Field(default_factory=list, description="names this server answers to besides "
+                                     "loopback (a Host header with another is refused: DNS rebinding); '*': any")
+    max_body_bytes: int = Field(MAX_BODY_BYTES, ge=1024, description="a larger request body is refused (413)")
     db: Path = Field(Path("ftstate/control.db"), description="SQLite file: events, group history, drills")
     groups: int = Field(2, ge=1, description="replica groups in the job")
     ranks_per_group: int = Field(defaults.RANKS_PER_GROUP, ge=1,
@@ -50,4 +56,8 @@ class ControlPlaneSettings(BaseSettings):
     straggler_policy: Literal["flag", "evict"] = Field(
         "flag", description="flag: show it; evict: also end it (a warm spare takes its place) when keeping it costs "
         "more of the throughput than losing it")
+    max_clock_skew_s: float = Field(300.0, gt=0, description="an event stamped further ahead of this server's "
+                                    "clock is refused (a wrong clock would reorder every group's history)")
+    max_event_age_s: float = Field(7 * 86_400.0, gt=0, description="an event older than this is refused; events "
+                                   "buffered while the control plane was away are younger")
     stream_keepalive_s: float = Field(10.0, gt=0, description="an idle event stream sends a comment this often")

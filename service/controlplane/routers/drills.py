@@ -1,7 +1,10 @@
 from __future__ import annotations
 
-from fastapi import APIRouter, Response
+from typing import Annotated
 
+from fastapi import APIRouter, Path, Response
+
+from protocol.events import INT64_MAX
 from service.controlplane.deps import ServicesDep, find_group
 from service.controlplane.errors import UnknownDrill
 from service.controlplane.models import (
@@ -64,9 +67,25 @@ def list_drills(s: ServicesDep) -> DrillList:
     return DrillList(drills=[drill_out(d) for d in s.store.drills()])
 
 
-@router.get("/{drill_id}", response_model=DrillOut, responses={404: {}})
-def get_drill(drill_id: int, s: ServicesDep) -> DrillOut:
+DrillId = Annotated[int, Path(ge=1, le=INT64_MAX)]
+
+
+def _drill(s: ServicesDep, drill_id: int) -> dict:
     row = s.store.drill(drill_id)
     if row is None:
-        raise UnknownDrill(f"no drill {drill_id}")
-    return drill_out(row)
+        raise UnknownDrill(f"no drill {drill_id}; GET /api/v1/drills lists them")
+    return row
+
+
+@router.get("/{drill_id}", response_model=DrillOut, responses={404: {}, 422: {}})
+def get_drill(drill_id: DrillId, s: ServicesDep) -> DrillOut:
+    return drill_out(_drill(s, drill_id))
+
+
+@mutating.delete("/{drill_id}", response_model=DrillOut, responses={404: {}, 409: {}, 422: {}})
+async def cancel_drill(drill_id: DrillId, s: ServicesDep) -> DrillOut:
+    """Cancel the running drill: it ends ``cancelled`` with what it measured so far, and the
+    groups are free for kill and rejoin again."""
+    _drill(s, drill_id)
+    await s.drills.cancel_drill(drill_id)
+    return drill_out(_drill(s, drill_id))

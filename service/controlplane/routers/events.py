@@ -2,44 +2,46 @@ from __future__ import annotations
 
 import asyncio
 import json
+from typing import Annotated
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import StreamingResponse
 
-from protocol.events import EVENT_TYPES
-from protocol.ingest import INGEST_PATH, IngestBatch, IngestResult
-from service.controlplane.deps import ServicesDep, find_group
-from service.controlplane.errors import InvalidQuery
+from protocol.events import INT64_MAX, EventType
+from protocol.ingest import INGEST_PREFIX, IngestBatch, IngestResult
+from service.controlplane.deps import AuthorizedDep, ServicesDep, find_group, redacted
 from service.controlplane.models import EventPage
 
 router = APIRouter(prefix="/api/v1", tags=["events"])
 ingest_router = APIRouter(tags=["agents"])
 
 
-def _types(type_: list[str] | None) -> list[str] | None:
-    unknown = sorted(set(type_ or []) - set(EVENT_TYPES))
-    if unknown:
-        raise InvalidQuery(f"unknown event type(s) {', '.join(unknown)}; known: {', '.join(EVENT_TYPES)}")
-    return type_
+GroupQuery = Annotated[int | None, Query(ge=0, le=INT64_MAX, description="only this group's events")]
+TypesQuery = Annotated[list[EventType] | None, Query(description="only events of these types")]
 
 
 @router.get("/events", response_model=EventPage, responses={422: {}})
 def list_events(
-    s: ServicesDep, group: int | None = Query(None, ge=0), type: list[str] | None = Query(None),
-    since: float | None = Query(None, description="Unix time: events at or after it"),
-    after_id: int = Query(0, ge=0, description="page after this event id"),
+    s: ServicesDep, authorized: AuthorizedDep, group: GroupQuery = None, type: TypesQuery = None,
+    since: float | None = Query(None, allow_inf_nan=False, description="Unix time: events at or after it"),
+    after_id: int = Query(0, ge=0, le=INT64_MAX, description="page after this event id"),
     limit: int = Query(100, ge=1, le=1000),
 ) -> EventPage:
-    """Stored events, oldest first, filtered by group, type and time; paginated by id."""
-    events = s.store.events(group, _types(type), since, after_id, limit)
-    return EventPage(events=events, next_after_id=events[-1]["id"] if len(events) == limit else None)
+    """Stored events, oldest first, filtered by group, type and time; paginated by id. A start
+    event's full replica id comes only with the job's token."""
+    events = s.store.events(group, type, since, after_id, limit)
+    shown = events if authorized else [redacted(e) for e in events]
+    return EventPage(events=shown, next_after_id=events[-1]["id"] if len(events) == limit else None)
 
 
-@router.get("/events/stream", responses={422: {}})
-async def stream_events(request: Request, s: ServicesDep, group: int | None = Query(None, ge=0),
-                        type: list[str] | None = Query(None)) -> StreamingResponse:
-    """Server-sent events: every new event as it arrives (``data:`` lines of JSON)."""
-    wanted = _types(type)
+@router.get("/events/stream", response_class=StreamingResponse,
+            responses={200: {"content": {"text/event-stream": {}}, "description": "an endless stream"}, 422: {}})
+async def stream_events(request: Request, s: ServicesDep, authorized: AuthorizedDep, group: GroupQuery = None,
+                        type: TypesQuery = None) -> StreamingResponse:
+    """Server-sent events: every new event as it arrives (``data:`` lines of JSON; full replica
+    ids only with the job's token)."""
+    wanted = type
+    shown = (lambda fields: fields) if authorized else redacted
     queue = s.bus.subscribe()
 
     async def feed():
@@ -53,18 +55,19 @@ async def stream_events(request: Request, s: ServicesDep, group: int | None = Qu
                     continue
                 e = stored.event
                 if (group is None or e.group == group) and (not wanted or e.type in wanted):
-                    yield f"id: {stored.id}\nevent: {e.type}\ndata: {json.dumps(stored.as_json())}\n\n"
+                    yield f"id: {stored.id}\nevent: {e.type}\ndata: {json.dumps(shown(stored.as_json()))}\n\n"
         finally:
             s.bus.unsubscribe(queue)
 
     return StreamingResponse(feed(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
 
-@ingest_router.post(INGEST_PATH, response_model=IngestResult, responses={404: {}})
-async def ingest(body: IngestBatch, s: ServicesDep) -> IngestResult:
-    """Agents post their group's events here in batches.
+@ingest_router.post(INGEST_PREFIX + "{group}", response_model=IngestResult, responses={404: {}, 422: {}, 503: {}})
+async def ingest(group: Annotated[int, Path(ge=0, le=INT64_MAX)], body: IngestBatch, s: ServicesDep) -> IngestResult:
+    """Agents post their group's events here in batches. Each invalid event is rejected alone
+    (counted, with a line of why); the rest are stored together, once each (by ``eid``).
 
     Async on purpose: it runs on the event loop, which owns the listeners' asyncio queues.
     """
-    find_group(s, body.group)
-    return s.ingest.ingest(body)
+    find_group(s, group)
+    return s.ingest.ingest(group, body)

@@ -5,9 +5,10 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Query
+from pydantic import Field
 
 from service.controlplane.deps import ServicesDep
-from service.controlplane.goodput import DEFAULT_GPUS, Assumptions, GoodputOut, projection
+from service.controlplane.goodput import DEFAULT_GPUS, MAX_GPUS, Assumptions, GoodputOut, projection
 
 router = APIRouter(prefix="/api/v1", tags=["goodput"])
 
@@ -15,7 +16,8 @@ router = APIRouter(prefix="/api/v1", tags=["goodput"])
 @router.get("/goodput", response_model=GoodputOut, responses={409: {}, 422: {}})
 def projected_goodput(
     s: ServicesDep, assumptions: Annotated[Assumptions, Query()],
-    gpus: list[int] = Query(list(DEFAULT_GPUS), description="cluster sizes to project to"),
+    gpus: list[Annotated[int, Field(ge=1, le=MAX_GPUS)]] = Query(list(DEFAULT_GPUS), max_length=20,
+                                                                 description="cluster sizes to project to"),
 ) -> GoodputOut:
     """At N GPUs with this cluster's measured recovery, what goodput would the job keep?
 

@@ -2,31 +2,35 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from service.controlplane.deps import ServicesDep, group_out
+from service.controlplane.deps import AuthorizedDep, ServicesDep, group_out, redacted
 from service.controlplane.lighthouse import LighthouseUnreachable
-from service.controlplane.models import QuorumMemberOut, QuorumOut
+from service.controlplane.models import HeartbeatOut, QuorumMemberOut, QuorumOut
 
 router = APIRouter(prefix="/api/v1", tags=["quorum"])
 
 
 @router.get("/quorum", response_model=QuorumOut)
-async def quorum(s: ServicesDep) -> QuorumOut:
-    """The quorum as the Lighthouse sees it, joined with what each group last reported."""
+async def quorum(s: ServicesDep, authorized: AuthorizedDep) -> QuorumOut:
+    """The quorum as the Lighthouse sees it, joined with what each group last reported. Full
+    replica ids, Manager and store addresses (what torchft's unauthenticated kill paths take)
+    and the raw status come only with the job's token."""
     groups = [group_out(v) for v in s.board.views.values()]
     try:
         status = await s.lighthouse.status()
     except LighthouseUnreachable as err:
         return QuorumOut(lighthouse_reachable=False, lighthouse_error=str(err), groups=groups)
     by_group = {g.group: g for g in groups}
+    shown = (lambda fields: fields) if authorized else redacted
     members = []
     for m in status.members:
         view = by_group.get(m.group) if m.group is not None else None
         members.append(QuorumMemberOut(
-            **m.model_dump(), state=view.state if view else None,
+            **shown(m.model_dump()), state=view.state if view else None,
             last_reported_step=view.step if view else None, participants=view.participants if view else None,
         ))
     return QuorumOut(
         lighthouse_reachable=True, quorum_id=status.quorum_id, next_quorum_status=status.next_quorum.text,
         heartbeating=status.next_quorum.heartbeating, members=members,
-        heartbeats=status.heartbeats, groups=groups, raw=status,
+        heartbeats=[HeartbeatOut(**shown(h.model_dump())) for h in status.heartbeats], groups=groups,
+        raw=status if authorized else None,
     )

@@ -64,7 +64,7 @@ function renderGroups(groups) {
     const heal = g.last_heal ? `last heal: step ${g.last_heal.step} from g${g.last_heal.source_group}, ` +
       `${(g.last_heal.bytes / 2 ** 20).toFixed(0)} MiB in ${g.last_heal.fetch_s.toFixed(2)}s, ${age(g.last_heal.ts)} ago` : "no heal yet";
     card.querySelector(".meta").innerHTML =
-      `loss ${g.loss?.toFixed(3) ?? "-"} · ${g.participants ?? "-"} groups · quorum ${g.quorum_id ?? "-"} · ${g.state} for ${age(g.since)}<br>${heal}`;
+      `loss ${g.diverged ? '<b class="diverged">NaN: diverged</b>' : g.loss?.toFixed(3) ?? "-"} · ${g.participants ?? "-"} groups · quorum ${g.quorum_id ?? "-"} · ${g.state} for ${age(g.since)}<br>${heal}`;
     card.querySelector(".kill").disabled = g.state === "down";
     card.querySelector(".rejoin").disabled = g.state !== "down";
   }
@@ -98,6 +98,7 @@ function chart(svg, data, fmt) {
 function addStep(e) {
   if (e.rank !== 0 || !e.committed) return;
   for (const key of ["loss", "step_s"]) {
+    if (e[key] === null) continue;  // a loss that is not finite has no point on the chart
     const pts = series[key].get(e.group) || [];
     if (pts.length && pts.at(-1)[0] >= e.step) pts.length = pts.findIndex((p) => p[0] >= e.step);
     pts.push([e.step, e[key]]);

@@ -1,0 +1,165 @@
+"""The gate in front of every HTTP service of the job (control plane, agents, Lighthouse wrapper).
+
+An ASGI middleware that answers before any route or body parser runs:
+
+- a ``Host`` header this service does not answer to gets 421: a web page that rebinds its own
+  DNS name to 127.0.0.1 reaches the port, but its requests still carry its own name;
+- a request that may change something (any method but GET, HEAD and OPTIONS) without an
+  accepted bearer token gets 401 or 403 before a byte of its body is read;
+- a body larger than ``max_body_bytes`` gets 413, by its Content-Length or, chunked, as it is
+  counted (only authenticated bodies are read, and those are small: an ingest batch, a drill).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Collection
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.datastructures import Headers
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from protocol.tokens import Accepted, bearer, refusal
+
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+MAX_BODY_BYTES = 8 * 1024 * 1024
+LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
+"""Names every service answers to."""
+
+
+def host_name(host_header: str) -> str:
+    """The name of a ``Host`` header, without its port: ``[::1]:8000`` → ``::1``."""
+    if host_header.startswith("["):
+        return host_header[1:].partition("]")[0]
+    return host_header.rpartition(":")[0] if host_header.count(":") == 1 else host_header
+
+
+class RequestGuard:
+    def __init__(self, app: ASGIApp, accepted: Accepted, allowed_hosts: Collection[str],
+                 max_body_bytes: int = MAX_BODY_BYTES):
+        """``allowed_hosts``: names besides the loopback ones; ``*`` answers to any (behind a proxy
+        that checks them)."""
+        self.app = app
+        self.accepted = accepted
+        self.allowed_hosts = frozenset(h.lower() for h in allowed_hosts) | LOOPBACK_NAMES
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = Headers(scope=scope)
+        host = host_name(headers.get("host", "")).lower()
+        if "*" not in self.allowed_hosts and host not in self.allowed_hosts:
+            await _answer(send, 421, f"this server does not answer to Host '{host}'; reach it by an address it "
+                                     "was told of (--allowed-hosts)")
+            return
+        if scope["method"] in SAFE_METHODS:
+            await self.app(scope, receive, send)
+            return
+        refused = refusal(bearer(headers.get("authorization")), self.accepted(scope["path"]))
+        if refused is not None:
+            await _answer(send, *refused, {"www-authenticate": "Bearer"})
+            return
+        if int(headers.get("content-length") or 0) > self.max_body_bytes:
+            await _answer(send, 413, f"the body is larger than {self.max_body_bytes} bytes")
+            return
+        body = await self._read(receive)
+        if body is None:
+            await _answer(send, 413, f"the body is larger than {self.max_body_bytes} bytes")
+            return
+        await self.app(scope, _replay(body, receive), send)
+
+    async def _read(self, receive: Receive) -> bytes | None:
+        """The whole body, or None once it grows past the limit."""
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return b"".join(chunks)
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_body_bytes:
+                return None
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks)
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
+
+
+async def _answer(send: Send, status: int, detail: str, extra: dict[str, str] | None = None) -> None:
+    body = json.dumps({"detail": detail}).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    headers += [(k.encode(), v.encode()) for k, v in (extra or {}).items()]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def one_line_422(request: Request, err: RequestValidationError) -> JSONResponse:
+    """What is wrong, in one line, and each error's place and message. The input is not echoed:
+    it may be a NaN, which JSON cannot carry, or a secret."""
+    errors = [{"type": e["type"], "loc": list(e["loc"]), "msg": e["msg"]} for e in err.errors()]
+    where = ".".join(str(p) for p in errors[0]["loc"])
+    return JSONResponse(status_code=422, content={"detail": f"{where}: {errors[0]['msg']}", "errors": errors})
+
+
+DETAIL = {"type": "object", "properties": {"detail": {"type": "string"}}, "required": ["detail"]}
+ONE_LINE_422 = {
+    "type": "object", "required": ["detail", "errors"],
+    "properties": {"detail": {"type": "string", "description": "where and what, in one line"},
+                   "errors": {"type": "array", "items": {
+                       "type": "object", "required": ["type", "loc", "msg"],
+                       "properties": {"type": {"type": "string"}, "msg": {"type": "string"},
+                                      "loc": {"type": "array", "items": {"anyOf": [{"type": "string"},
+                                                                                   {"type": "integer"}]}}}}}},
+}
+GUARD_ANSWERS = {
+    "401": "no bearer token", "403": "a token this route does not take", "413": "a body over the size limit",
+}
+
+
+def _documented(document: dict) -> dict:
+    """The OpenAPI document as the guard and the 422 handler really answer: 421 on every route,
+    401/403/413 on every route that changes something, and the one-line 422 body."""
+    json_body = lambda schema, description: {  # noqa: E731
+        "description": description, "content": {"application/json": {"schema": schema}}}
+    for methods in document.get("paths", {}).values():
+        for method, operation in methods.items():
+            answers = operation.setdefault("responses", {})
+            answers.setdefault("421", json_body(DETAIL, "a Host this server does not answer to"))
+            if method.upper() not in SAFE_METHODS:
+                for status, description in GUARD_ANSWERS.items():
+                    answers.setdefault(status, json_body(DETAIL, description))
+    schemas = document.setdefault("components", {}).setdefault("schemas", {})
+    if "HTTPValidationError" in schemas:
+        schemas["HTTPValidationError"] = ONE_LINE_422
+    return document
+
+
+def guard(app: FastAPI, accepted: Accepted, allowed_hosts: Collection[str], max_body_bytes: int = MAX_BODY_BYTES) -> None:
+    """Put :class:`RequestGuard` in front of the app, answer invalid requests in one line, and say
+    both in the app's OpenAPI document."""
+    app.add_middleware(RequestGuard, accepted=accepted, allowed_hosts=allowed_hosts, max_body_bytes=max_body_bytes)
+    app.add_exception_handler(RequestValidationError, one_line_422)
+    generate = app.openapi
+
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            app.openapi_schema = _documented(generate())
+        return app.openapi_schema
+
+    app.openapi = openapi

@@ -1,0 +1,89 @@
+"""The control plane's OpenAPI document is its contract: Schemathesis generates requests from it
+(valid and invalid, with and without the token) against a real control-plane process, and every
+answer must be no server error, a documented status and content type, and a body that validates
+against the schema the document declares for it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, given, settings
+
+from cluster import REPO, wait_for
+from processes import Owner
+from protocol.torchrun import free_port
+from service.controlplane.app import create_app
+from service.controlplane.settings import ControlPlaneSettings
+
+TOKEN = "fuzz-token-0123456789abcdef"
+
+
+@pytest.fixture(scope="module")
+def control_plane(tmp_path_factory) -> Iterator[str]:
+    """Two groups, their agents and the Lighthouse wrapper at addresses nothing answers: every
+    path that would reach them must answer a documented 502 or 503."""
+    tmp = tmp_path_factory.mktemp("fuzz")
+    port, nowhere = free_port(), f"http://127.0.0.1:{free_port()}"
+    with Owner() as owner, open(tmp / "controlplane.log", "wb") as log:
+        subprocess.Popen([sys.executable, "-m", "service.controlplane", "--port", str(port), "--groups", "2",
+                          "--db", str(tmp / "control.db"), "--lighthouse-api", nowhere,
+                          "--agents", f'{{"0": "{nowhere}", "1": "{nowhere}"}}', "--agent-timeout-s", "2",
+                          "--lighthouse-timeout-s", "1"],
+                         cwd=REPO, env=owner.env(FTCTL_TOKEN=TOKEN), stdout=log, stderr=subprocess.STDOUT)
+        url = f"http://127.0.0.1:{port}"
+        wait_for(lambda: _answers(url), 30, "the control plane")
+        yield url
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/healthz", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _operations() -> list:
+    """The operations of the document the control plane serves (built here without starting it)."""
+    document = create_app(ControlPlaneSettings(token=TOKEN, db=Path("unused.db"), groups=2)).openapi()
+    operations = [result.ok() for result in schemathesis.openapi.from_dict(document).get_all_operations()]
+    return [op for op in operations if op.label != ENDLESS]
+
+
+ENDLESS = "GET /api/v1/events/stream"
+"""An endless stream: each call would run until its timeout (tests/test_service_e2e.py reads it)."""
+OPERATIONS = _operations()
+
+
+@schemathesis.check
+def no_unhandled_error(ctx, response, case) -> None:
+    """A 500 is a bug. A 502 or 503 is the documented answer while an agent or the Lighthouse is
+    away (here they always are); the document check holds them to it."""
+    if response.status_code == 500:
+        raise AssertionError(f"500 from {case.method} {case.formatted_path}: {response.text[:300]}")
+
+
+def _fuzz(operation, base_url: str, examples: int, headers: dict[str, str]) -> None:
+    @given(case=operation.as_strategy())
+    @settings(max_examples=examples, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+    def run(case) -> None:
+        case.call_and_validate(base_url=base_url, headers=headers, timeout=30,
+                               excluded_checks=[schemathesis.checks.not_a_server_error],
+                               additional_checks=[no_unhandled_error])
+
+    run()
+
+
+@pytest.mark.parametrize("operation", OPERATIONS, ids=lambda op: op.label)
+def test_every_answer_is_documented_valid_and_never_a_server_error(control_plane, operation):
+    _fuzz(operation, control_plane, 25, {"Authorization": f"Bearer {TOKEN}"})
+
+
+@pytest.mark.parametrize("operation", OPERATIONS, ids=lambda op: op.label)
+def test_without_the_token_every_answer_is_documented_too(control_plane, operation):
+    _fuzz(operation, control_plane, 5, {})
