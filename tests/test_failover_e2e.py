@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from cluster import wait_for
-from up_job import AUTH, all_training, ftctl, ftctl_up, groups, json_out, metric
+from up_job import agent_auth, all_training, ftctl, ftctl_up, groups, json_out, metric
 
 REJOIN_DELAY_S = 120  # the chaos drill's own rejoin: far later than any agent restart
 
@@ -62,7 +62,7 @@ def test_a_hung_group_is_ended_by_its_watchdog_and_the_survivor_goes_on(job):
     wait_for(lambda: all_training(job.api), 240, "both groups training")
     wait_for(lambda: spare(job, 1) == "ready", 240, "group 1's warm spare")
     agent = job.connection()["agents"]["1"]
-    injected = httpx.post(f"{agent}/inject", json={"kind": "stop"}, headers=AUTH, timeout=30)
+    injected = httpx.post(f"{agent}/inject", json={"kind": "stop"}, headers=agent_auth(1), timeout=30)
     assert injected.status_code == 200, injected.text
     at = injected.json()["at"]
 

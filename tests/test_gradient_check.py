@@ -13,7 +13,7 @@ from protocol.events import SdcEvent
 from protocol.files import write_model
 from protocol.injection import Injection
 from protocol.quarantine import Quarantine, quarantine_file, take_quarantine
-from trainer.gradient_check import attribute, checkers, group_norm, judge, shard_norm
+from trainer.gradient_check import attribute, checkers, filled_slots, group_norm, judge, shard_norm
 from trainer.injection import InjectedFaults
 
 FACTOR = 10.0
@@ -105,3 +105,14 @@ def test_an_sdc_event_carries_a_norm_that_is_not_finite_as_null():
                  rerun_norm=None, checker_group=0, checker_norm=1.1, verdict="persistent", action="quarantined",
                  check_s=0.5)
     assert SdcEvent.model_validate_json(e.model_dump_json()) == e
+
+
+def test_a_slot_nobody_filled_is_not_judged():
+    """Recorded at step 0 of a compose job: group 1 healed at its first step (init sync), torchft
+    counted it among the participants and sent zeros for it. Judged as a norm of 0, it made group
+    0's 4.21 abnormal and its 'checker' normal: a healthy group was quarantined."""
+    exchanged = [4.2103, 0.0, 1.0, 0.0]  # norms of slots 0 and 1, then group + 1 of each
+    assert filled_slots(exchanged, 2) == [(0, 0, 4.2103)]
+    assert judge([0], [4.2103], FACTOR).flagged == []
+    three = [1.1, 0.0, 0.9, 1.0, 0.0, 3.0]
+    assert filled_slots(three, 3) == [(0, 0, 1.1), (2, 2, 0.9)]

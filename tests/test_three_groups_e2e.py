@@ -16,7 +16,7 @@ import pytest
 from browser import chromium, quietly
 from cluster import wait_for
 from service.proctree import process_tree
-from up_job import AUTH, all_training, ftctl, ftctl_up, groups, json_out
+from up_job import AUTH, agent_auth, all_training, ftctl, ftctl_up, groups, json_out
 
 COLLECTIVE_TIMEOUT_S = 10.0  # the trainers' --timeout-s default
 QUORUM_TIMEOUT_S = 4.0
@@ -172,7 +172,7 @@ def test_slowness_that_rotates_from_group_to_group_is_never_flagged(job):
     agents = job.connection()["agents"]
     patterns, flagged = set(), set()
     for turn in range(12):
-        injected = httpx.post(f"{agents[str(turn % 3)]}/inject", headers=AUTH, timeout=30,
+        injected = httpx.post(f"{agents[str(turn % 3)]}/inject", headers=agent_auth(turn % 3), timeout=30,
                               json={"kind": "slow", "delay_ms": 300, "seconds": 1.0})
         assert injected.status_code == 200, injected.text
         end = time.time() + 1.0

@@ -17,10 +17,16 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from cluster import REPO, wait_for
 from processes import Owner
+from protocol.tokens import group_token
 from protocol.torchrun import free_port
 
 TOKEN = "e2e-token-0123456789abcdef"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+def agent_auth(group: int) -> dict[str, str]:
+    """What a call straight to group ``group``'s agent carries: that group's token, not the job's."""
+    return {"Authorization": f"Bearer {group_token(TOKEN, group)}"}
 
 
 @dataclass

@@ -93,6 +93,14 @@ def judge(groups: Sequence[int], norms: Sequence[float], factor: float) -> Judge
     return Judgement(list(groups), list(norms), flagged, statistics.median(clean) if clean else None)
 
 
+def filled_slots(exchanged: Sequence[float], slots: int) -> list[tuple[int, int, float]]:
+    """(slot, group, norm) of each slot a group filled, from the exchanged vector: norms first,
+    then group + 1 (0 in a slot nobody filled: a participant that is healing sends zeros; its
+    norm is no norm and must not be judged, or a healthy group would look 1000× its "peer")."""
+    return [(slot, round(exchanged[slots + slot]) - 1, exchanged[slot]) for slot in range(slots)
+            if round(exchanged[slots + slot]) > 0]
+
+
 def checkers(flagged: Sequence[int], clean: Sequence[int]) -> dict[int, int | None]:
     """Which passing slot recomputes each flagged slot's batch: in turn, the same in every group."""
     return {slot: clean[i % len(clean)] if clean else None for i, slot in enumerate(flagged)}
@@ -184,18 +192,23 @@ class GradientCheck:
         start = time.perf_counter()
         with self._waiting():  # the async quorum settles here
             slot, slots = self.manager.participating_rank(), self.manager.num_participants()
+            if not self.manager.is_participating():
+                slot = None  # healing: counted among the participants, but torchft sends zeros for it
         sent = [0.0] * (2 * slots)
         if slot is not None:
             sent[slot], sent[slots + slot] = norm, float(self.group + 1)
         got = self._exchange(sent)
         if got is None:
             return self._result(start, False, None)
-        judgement = judge([round(g) - 1 for g in got[slots:]], got[:slots], self.factor)
+        filled = filled_slots(got, slots)
+        judgement = judge([g for _, g, _ in filled], [n for _, _, n in filled], self.factor)
         if not judgement.flagged:
             return self._result(start, True, [])
-        return self._result(start, False, self._attribute(judgement, slot, rerun))
+        mine = next((i for i, (s, _, _) in enumerate(filled) if s == slot), None)
+        return self._result(start, False, self._attribute(judgement, mine, rerun))
 
     def _attribute(self, j: Judgement, slot: int | None, rerun: Callable[[int], float]) -> list[Incident] | None:
+        """``slot``: this group's position among the judged slots (None: it sent no norm)."""
         assigned = checkers(j.flagged, j.clean)
         count = len(j.flagged)
         sent = [0.0] * (2 * count)
