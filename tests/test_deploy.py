@@ -36,7 +36,7 @@ def test_compose_file_follows_the_compose_specification():
     default = {n for n, svc in spec["services"].items() if not svc.get("profiles")}
     assert default == {*PROJECT_SERVICES, "prometheus", "grafana"}
     extra = [spec["services"][f"group{g}"]["environment"] for g in (2, 3)]
-    assert [e["FT_AGENT_GROUP"] for e in extra] == ["2", "3"], "GROUPS=4 COMPOSE_PROFILES=4-groups adds groups 2 and 3"
+    assert [e["FT_AGENT_GROUP"] for e in extra] == ["2", "3"], "FTCTL_GROUPS=4 COMPOSE_PROFILES=4-groups adds groups 2 and 3"
     dockerfile = (REPO / "deploy/Dockerfile").read_text()
     assert "USER ftctl" in dockerfile and "HEALTHCHECK" in dockerfile and "torch==${TORCH_VERSION}" in dockerfile
     assert re.search(r"ARG TORCH_VERSION=2\.13\.0", dockerfile)
