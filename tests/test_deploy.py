@@ -15,6 +15,7 @@ import yaml
 
 from cluster import REPO, wait_for
 from processes import Owner
+from service.agent.supervisor import STOP_TIMEOUT_S
 from service.proctree import end_tree
 
 COMPOSE = REPO / "compose.yaml"
@@ -40,6 +41,14 @@ def test_compose_file_follows_the_compose_specification():
     dockerfile = (REPO / "deploy/Dockerfile").read_text()
     assert "USER ftctl" in dockerfile and "HEALTHCHECK" in dockerfile and "torch==${TORCH_VERSION}" in dockerfile
     assert re.search(r"ARG TORCH_VERSION=2\.13\.0", dockerfile)
+    for name in PROJECT_SERVICES:
+        service = spec["services"][name]
+        assert service["build"]["args"]["TORCH_INDEX"].startswith("${TORCH_INDEX:-"), "a mirror can be chosen"
+        assert "HEALTH_URL" in " ".join(service["healthcheck"]["test"]), "declared here, not only in the image"
+    for g in range(4):
+        agent = spec["services"][f"group{g}"]
+        assert int(agent["stop_grace_period"].rstrip("s")) > STOP_TIMEOUT_S, "compose would SIGKILL mid-step"
+        assert any(v.endswith(":/state") for v in agent["volumes"]), "events and logs outlive the container"
     token = spec["x-image"]["environment"]["FTCTL_TOKEN"]
     with pytest.raises(ValueError, match="set FTCTL_TOKEN in .env"):
         _interpolate(token, {})
