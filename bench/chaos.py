@@ -8,12 +8,11 @@ the chaos drill, and prints the chaos report and the ledger's answers at 1,024 a
 
 from __future__ import annotations
 
-import json
 import tempfile
 import time
 from pathlib import Path
 
-from bench.common import Up, add_recovery_options, describe_recovery, job_parser, recovery_settings
+from bench.common import Up, add_recovery_options, describe_recovery, job_parser, recovery_settings, write_result
 
 
 def main() -> None:
@@ -24,7 +23,6 @@ def main() -> None:
     parser.add_argument("--rejoin-delay", type=float, default=5.0)
     parser.add_argument("--baseline", type=float, default=60.0)
     add_recovery_options(parser)
-    parser.add_argument("--out", type=Path, default=Path("bench-chaos.json"))
     args = parser.parse_args()
     up = Up(Path(tempfile.mkdtemp(prefix="ftbench-chaos-")) / "state", args.groups, args.ranks_per_group,
             ["--fingerprint-every=5"], **recovery_settings(args))
@@ -38,8 +36,8 @@ def main() -> None:
         goodput = up.api.get("/api/v1/goodput").json()
     finally:
         up.stop()
-    args.out.write_text(json.dumps({"settings": {k: str(v) for k, v in vars(args).items()}, "kill_heal": heal,
-                                    "chaos": chaos, "goodput": goodput}, indent=2))
+    out = write_result("chaos", {**vars(args), "recovery": describe_recovery(args)}, kill_heal=heal, chaos=chaos,
+                       goodput=goodput)
     r = chaos["report"]
     print(f"chaos: {chaos['status']} {chaos.get('error') or ''}; mtbf {args.mtbf}s, {args.duration}s, seed {args.seed}, "
           f"drill rejoin after {args.rejoin_delay}s, {describe_recovery(args)}")
@@ -49,7 +47,7 @@ def main() -> None:
     print(f"  median step: {r['baseline_step_s']:.3f}s failure-free, {r['chaos_step_s']:.3f}s under chaos")
     for line in goodput["answer"]:
         print("  " + line)
-    print(f"wrote {args.out}")
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

@@ -54,18 +54,21 @@ def add_recovery_options(parser: argparse.ArgumentParser) -> None:
                         help="agents restart a killed group at once (--auto-rejoin-delay 0) instead of the drill later")
     parser.add_argument("--join-timeout-ms", type=int, default=defaults.JOIN_TIMEOUT_MS,
                         help="the Lighthouse's join timeout")
+    parser.add_argument("--no-zygote", dest="zygote", action="store_false",
+                        help="start every group cold with torchrun, as before the agents had a zygote")
 
 
 def recovery_settings(args: argparse.Namespace, groups: int | None = None) -> dict:
     """``Up`` keyword arguments from the flags of ``add_recovery_options`` (for ``groups`` groups,
     default ``args.groups``)."""
     return {"spares": (groups or args.groups) if args.spares else 0, "auto_rejoin_delay_s": 0.0 if args.failover else None,
-            "join_timeout_ms": args.join_timeout_ms}
+            "join_timeout_ms": args.join_timeout_ms, "zygote": args.zygote}
 
 
 def describe_recovery(args: argparse.Namespace) -> str:
     return (f"heartbeat timeout {defaults.HEARTBEAT_TIMEOUT_MS} ms, join timeout {args.join_timeout_ms} ms, "
-            f"spares {'on' if args.spares else 'off'}, rejoin {'by the agent at once' if args.failover else 'by the drill'}")
+            f"spares {'on' if args.spares else 'off'}, rejoin {'by the agent at once' if args.failover else 'by the drill'}, "
+            f"starts {'forked by a zygote' if args.zygote else 'cold (torchrun)'}")
 
 
 def spread(values: list[float]) -> str:
@@ -80,7 +83,8 @@ class Up:
 
     def __init__(self, state_dir: Path, groups: int, ranks_per_group: int, trainer_args: list[str],
                  heartbeat_timeout_ms: int = defaults.HEARTBEAT_TIMEOUT_MS, spares: int = 0,
-                 auto_rejoin_delay_s: float | None = None, join_timeout_ms: int = defaults.JOIN_TIMEOUT_MS):
+                 auto_rejoin_delay_s: float | None = None, join_timeout_ms: int = defaults.JOIN_TIMEOUT_MS,
+                 zygote: bool = True):
         self.port = free_port()
         self.state_dir = state_dir
         self.log = open(state_dir.parent / f"{state_dir.name}-ftctl.log", "wb")
@@ -91,6 +95,7 @@ class Up:
              "--join-timeout-ms", str(join_timeout_ms),
              "--spares", str(spares),
              *(["--auto-rejoin-delay", str(auto_rejoin_delay_s)] if auto_rejoin_delay_s is not None else []),
+             *([] if zygote else ["--no-zygote"]),
              *[f"--trainer-arg={a}" for a in trainer_args]],
             cwd=REPO, env={**os.environ, "FTCTL_TOKEN": TOKEN}, stdout=self.log, stderr=subprocess.STDOUT,
             start_new_session=True)

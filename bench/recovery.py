@@ -17,14 +17,13 @@ Prints a table with medians and the ratios, and writes JSON.
 
 from __future__ import annotations
 
-import json
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
 from bench.classic import ClassicJob
-from bench.common import Up, add_recovery_options, describe_recovery, job_parser, recovery_settings, spread
+from bench.common import Up, add_recovery_options, describe_recovery, job_parser, recovery_settings, spread, write_result
 
 
 def torchft_runs(args, trainer_args: list[str]) -> list[dict]:
@@ -93,14 +92,12 @@ def main() -> None:
     add_recovery_options(parser)
     parser.add_argument("--settle-s", type=float, default=8.0)
     parser.add_argument("--paths", default="torchft,classic", help="which paths to run (comma-separated)")
-    parser.add_argument("--out", type=Path, default=Path("bench-recovery.json"))
     args = parser.parse_args()
     trainer_args = [f"--seq-len={args.seq_len}", f"--batch-size={args.batch_size}"]
     paths = set(args.paths.split(","))
     ft = torchft_runs(args, [*trainer_args, "--checkpoint-every=1000000"]) if "torchft" in paths else []
     classic = classic_runs(args, trainer_args) if "classic" in paths else []
-    args.out.write_text(json.dumps({"settings": {k: str(v) for k, v in vars(args).items()},
-                                    "torchft": ft, "classic": classic}, indent=2))
+    out = write_result("recovery", {**vars(args), "recovery": describe_recovery(args)}, torchft=ft, classic=classic)
 
     def col(rows, key):
         return [r[key] for r in rows if r.get(key) is not None]
@@ -119,7 +116,7 @@ def main() -> None:
     if col(ft, "steps_lost") and col(classic, "steps_redone"):
         steps = statistics.median(col(classic, "steps_redone")) / max(statistics.median(col(ft, "steps_lost")), 1)
         print(f"classic / this service: steps lost {steps:.1f}× (classic checkpoints every {args.checkpoint_every} steps)")
-    print(f"wrote {args.out}")
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

@@ -102,6 +102,8 @@ class StartEvent(BaseEvent):
     manager_s: Seconds = Field(description="torchft Manager and replicate process group")
     resumed_step: Count = Field(description="step loaded from a checkpoint, 0 when none")
     spare_wait_s: Seconds = Field(0.0, description="time spent built and waiting as a warm spare")
+    forked: bool = Field(False, description="forked by the agent's zygote, which had imported everything and "
+                         "read the corpus before: the split starts at the fork")
 
 
 class StepEvent(BaseEvent):
@@ -139,6 +141,8 @@ class StepEvent(BaseEvent):
     skipped: bool = Field(False, description="committed without an optimizer step: a gradient failed the check")
     rerun_s: Seconds = Field(0.0, description="a failed gradient check's reruns (in compute_s too; the norms' "
                            "exchanges are in allreduce_s)")
+    checkpoint_stall_s: Seconds = Field(0.0, description="before this step, how long the rank waited for a "
+                                        "checkpoint: its copy into CPU memory (the whole save when synchronous)")
 
 
 class QuorumEvent(BaseEvent):
@@ -176,6 +180,8 @@ class CheckpointEvent(BaseEvent):
     seconds: Seconds
     path: str
     reason: str | None = Field(None, description="why a checkpoint was skipped")
+    stall_s: Seconds | None = Field(None, description="saved: how long the training step waited for this save "
+                                    "(seconds is the whole save, mostly written in the background)")
 
 
 class FingerprintEvent(BaseEvent):

@@ -39,6 +39,20 @@ def torchrun_argv(ranks_per_group: int, trainer_args: list[str], master_addr: st
     ]
 
 
+def rank_env(base: dict[str, str], rank: int, ranks: int, master_addr: str, master_port: int) -> dict[str, str]:
+    """The environment torchrun (``--nnodes=1 --nproc-per-node=ranks --max-restarts=0``) gives a
+    rank, for a launcher that forks the ranks itself (the agent's zygote). Rank 0 hosts the group's
+    store (torchrun's agent hosts it instead and says so in TORCHELASTIC_USE_AGENT_STORE)."""
+    return {
+        **base,
+        "RANK": str(rank), "LOCAL_RANK": str(rank), "GROUP_RANK": "0", "ROLE_RANK": str(rank), "ROLE_NAME": "default",
+        "WORLD_SIZE": str(ranks), "LOCAL_WORLD_SIZE": str(ranks), "ROLE_WORLD_SIZE": str(ranks), "GROUP_WORLD_SIZE": "1",
+        "MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port),
+        "TORCHELASTIC_RUN_ID": "none", "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0",
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+    }
+
+
 def torchrun_env(base: dict[str, str] | None = None) -> dict[str, str]:
     """The environment of a group's torchrun and ranks: no token reaches them."""
     env = without_tokens(dict(os.environ if base is None else base))

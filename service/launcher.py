@@ -14,11 +14,9 @@ each agent its group's (``protocol/tokens.py``); the ranks and the torchft Light
 
 from __future__ import annotations
 
-import ctypes
 import fcntl
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -31,6 +29,7 @@ from pydantic import BaseModel, Field
 
 from protocol import defaults
 from protocol.agent import HEALTH_PATH as AGENT_HEALTH_PATH
+from protocol.lifetime import die_with_parent
 from protocol.lighthouse import HEALTH_PATH as LIGHTHOUSE_HEALTH_PATH
 from protocol.tokens import TOKEN_VARIABLES, group_token
 from protocol.torchrun import free_port
@@ -42,16 +41,6 @@ POLL_S = 0.1
 PROBE_TIMEOUT_S = 1.0
 """A health probe slower than this counts as not answering yet."""
 LOCK_FILE = "ftctl-up.lock"
-PR_SET_PDEATHSIG = 1
-_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
-
-
-def _die_with_parent() -> None:
-    """In the child, before exec: SIGTERM when ftctl dies, however it dies."""
-    if _LIBC is not None:
-        _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
 class StateLock:
     """An exclusive lock on a state folder for as long as this process lives (the kernel drops it
     with the process); the folder is made private (0700): it holds the token."""
@@ -94,6 +83,8 @@ class UpSettings(BaseModel):
     spares: int = Field(0, ge=0, description="keep a warm spare for the first S groups: rejoin promotes it "
                         "instead of starting cold")
     auto_rejoin_delay: float | None = Field(None, ge=0, description="rejoin a killed group by itself after this many seconds")
+    zygote: bool = Field(True, description="each agent forks its group's ranks from a process that imported "
+                         "everything once (--no-zygote: every start is a cold torchrun start)")
     straggler_policy: Literal["flag", "evict"] = Field(
         "flag", description="flag: show a persistent straggler; evict: also end it when keeping it costs more of the "
         "throughput than losing it (a warm spare takes its place)")
@@ -165,7 +156,7 @@ class LocalJob:
         log.parent.mkdir(parents=True, exist_ok=True)
         with open(log, "ab") as out:
             return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                    env=self._env(name), preexec_fn=_die_with_parent)
+                                    env=self._env(name), preexec_fn=die_with_parent)
 
     def _spawn(self, name: str, argv: list[str]) -> Child:
         log = self.cfg.state_dir / "logs" / f"{name}.log"
@@ -238,6 +229,8 @@ class LocalJob:
                 argv += ["--spare"]
             if cfg.auto_rejoin_delay is not None:
                 argv += ["--auto-rejoin-delay-s", str(cfg.auto_rejoin_delay)]
+            if not cfg.zygote:
+                argv += ["--no-zygote"]
             self._spawn(f"agent{g}", argv)
         for g, child in zip(range(cfg.groups), self.children[2:]):
             self._wait_http(child, f"{self.agent_url(g)}{AGENT_HEALTH_PATH}")

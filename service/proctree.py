@@ -8,8 +8,8 @@ together, the way a node loss takes all of them at once.
 from __future__ import annotations
 
 import signal
-import subprocess
 import time
+from typing import Protocol
 
 import psutil
 
@@ -45,15 +45,23 @@ def kill_tree(pid: int) -> list[int]:
     return pids
 
 
-def end_tree(proc: subprocess.Popen | int, grace_s: float) -> list[int]:
+class Waitable(Protocol):
+    """A child to reap: a ``subprocess.Popen``, or a group the agent's zygote forked."""
+
+    pid: int
+
+    def wait(self, timeout: float | None = None) -> int | None: ...
+
+
+def end_tree(proc: Waitable | int, grace_s: float) -> list[int]:
     """SIGTERM the root, give the tree ``grace_s`` to exit, then SIGKILL whatever is left.
 
     The root stops its children its own way (torchrun forwards the signal to the ranks, an
     agent stops its group, ``ftctl up`` its services). The tree is taken before the signal, so
     a child orphaned when the root exits is still ended, by pid. Returns the pids still alive
-    afterwards (none, normally); reaps ``proc`` when it is a Popen.
+    afterwards (none, normally); reaps ``proc`` unless it is a bare pid.
     """
-    root = proc.pid if isinstance(proc, subprocess.Popen) else proc
+    root = proc if isinstance(proc, int) else proc.pid
     pids = [p.pid for p in process_tree(root)]
     if pids:
         try:
@@ -61,7 +69,7 @@ def end_tree(proc: subprocess.Popen | int, grace_s: float) -> list[int]:
         except psutil.NoSuchProcess:
             pass
     left = [pid for pid in wait_gone(pids, grace_s) for pid in signal_tree(pid, signal.SIGKILL)]
-    if isinstance(proc, subprocess.Popen):
+    if not isinstance(proc, int):
         proc.wait()
     return wait_gone(sorted(set(left)), REAPED_S)
 

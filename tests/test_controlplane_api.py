@@ -415,3 +415,32 @@ def test_goodput_weighs_a_hangs_detection_by_how_often_hangs_happen(db):
     assert (out["measured"]["hang_drills"], out["measured"]["hang_detect_s"]) == (1, 3.0)
     ours = next(p for p in out["projections"] if p["path"].startswith("this service"))
     assert ours["inputs"]["detect_s"] == pytest.approx(0.75 * 1.0 + 0.25 * 3.0)
+
+
+def test_goodput_takes_delta_from_the_measured_checkpoint_stall_unless_told(db):
+    """δ of this service is how long a step waited for a save (written off the step: the copy);
+    the classic path saves synchronously, so its δ is the whole save."""
+    store = Store(db)
+    drill = store.create_drill("kill-heal", 1, {})
+    store.update_drill(drill, "done", {"group": 1, "detect_s": 1.0, "survivors_resume_s": 1.3,
+                                       "rejoin_to_healed_commit_s": 1.5, "survivors_steps_lost": 1})
+    store.close()
+    saves = [trainer_event("checkpoint", 0, T0 + 3 + i, action="saved", step=10 * i, seconds=seconds, stall_s=stall,
+                           path=f"/ckpt/step-{10 * i:08d}") for i, (seconds, stall) in enumerate(
+                               [(0.4, 0.02), (0.5, 0.03), (0.6, 0.04)], 1)]
+    with TestClient(create_app(settings(db))) as api:
+        training(api)
+        ingest(api, 0, saves)
+
+        def inputs(**params) -> dict[str, dict]:
+            out = api.get("/api/v1/goodput", params={"gpus": [16384], **params}).json()
+            return {p["path"]: p["inputs"] for p in out["projections"]} | {"measured": out["measured"]}
+
+        measured = inputs()
+        assert measured["this service (measured)"]["delta_s"] == pytest.approx(0.03)
+        assert measured["classic restart"]["delta_s"] == pytest.approx(0.5)
+        assert (measured["measured"]["checkpoint_stall_s"], measured["measured"]["checkpoint_save_s"]) == (0.03, 0.5)
+        told = inputs(delta_s=5)
+        assert told["this service (measured)"]["delta_s"] == told["classic restart"]["delta_s"] == 5
+        metrics = api.get("/metrics").text
+        assert 'ftctl_checkpoint_stall_seconds_bucket{le="0.025"} 1.0' in metrics

@@ -46,3 +46,27 @@ def test_sdpa_backend_is_still_rejected_and_our_config_trains_on_cpu():
     loss.backward()
     assert all(p.grad is not None for p in model.parameters())
 
+
+
+def test_the_model_code_still_compiles_while_it_is_imported_and_we_defer_it():
+    stub = "from trainer.cpu_compat import install_triton_kernel_stub as s; s(); "
+    plain = _python(stub + "import sys, torchtitan.models.llama3; print('torch._inductor.compile_fx' in sys.modules)")
+    assert plain.stdout.split() == ["True"], (
+        plain.stderr or "torchtitan's import no longer compiles anything: remove trainer.lean_import.compile_on_first_call")
+    lean = _python("import sys; from trainer.lean_import import import_llama3; import_llama3(); "
+                   "from torchtitan.models.common.attention import FlexAttention; "
+                   "print('torch._inductor.compile_fx' in sys.modules, type(FlexAttention._compiled_flex_attn).__name__)")
+    assert lean.stdout.split() == ["False", "CompileOnFirstCall"], lean.stderr
+
+
+def test_a_deferred_compile_compiles_on_its_first_call_and_computes_the_same():
+    from trainer.lean_import import CompileOnFirstCall
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return torch.sin(x) * 2 + 1
+
+    deferred = CompileOnFirstCall(torch.compile, f, {"backend": "eager"})
+    assert deferred._compiled is None
+    x = torch.linspace(0, 1, 17)
+    assert torch.equal(deferred(x), f(x))
+    assert deferred._compiled is not None

@@ -70,7 +70,8 @@ def test_a_hung_group_is_ended_by_its_watchdog_and_the_survivor_goes_on(job):
         return job.api.get("/api/v1/events", params={"group": group, "type": type_, "since": at}).json()["events"]
 
     hung = wait_for(lambda: [e for e in events(1, "process") if e["action"] == "hung"], 30, "the watchdog's verdict")
-    assert "silent" in hung[0]["detail"] and hung[0]["ts"] - at < 5
+    # a stopped rank is silent after 1 s; one stopped mid-compute may pass its step bound first
+    assert ("silent" in hung[0]["detail"] or "in compute" in hung[0]["detail"]) and hung[0]["ts"] - at < 5
     resumed = wait_for(lambda: [e for e in events(0, "step") if e["rank"] == 0 and e["committed"]
                                 and e["ts"] > hung[0]["ts"]], 30, "group 0 to commit again")
     assert resumed[0]["ts"] - at < 8, "the survivor waited for the collective timeout"

@@ -252,17 +252,21 @@ def test_rest_evict_ends_a_group_for_good_and_its_warm_spare_takes_its_place(liv
 
 def test_only_what_torch_and_torchft_hard_code_listens_beyond_loopback(live):
     """`ftctl up` binds what it controls to 127.0.0.1: the Lighthouse, the control plane, the
-    agents, the heal servers. torchrun's store and rank 0's torchft Manager bind every interface
-    in their own code; they are the only exceptions (deploy/ keeps them on the job's network)."""
+    agents, the heal servers, the zygotes (a Unix socket). A group's store (rank 0 hosts it when
+    the zygote forked the group, torchrun when it started it) and rank 0's torchft Manager bind
+    every interface in torch's and torchft's code; they are the only exceptions (deploy/ keeps
+    them on the job's network)."""
     api = live.api
     all_training_again(api)
     tree = {p.pid: p for p in process_tree(live.job.proc.pid)}
-    managers = {urlsplit(m["manager_address"]).port for m in api.get("/api/v1/quorum", headers=AUTH).json()["members"]}
+    members = api.get("/api/v1/quorum", headers=AUTH).json()["members"]
+    ports = {urlsplit(m["manager_address"]).port for m in members} | {
+        int(m["store_address"].rsplit(":", 1)[1]) for m in members}
     wide = [(c.pid, c.laddr) for c in psutil.net_connections(kind="tcp")
             if c.status == psutil.CONN_LISTEN and c.pid in tree and not ipaddress.ip_address(c.laddr.ip).is_loopback]
-    assert wide, "expected torchrun's stores and torchft's Managers"
+    assert wide, "expected the groups' stores and torchft's Managers"
     for pid, address in wide:
-        hard_coded = "torch.distributed.run" in " ".join(tree[pid].cmdline()) or address.port in managers
+        hard_coded = "torch.distributed.run" in " ".join(tree[pid].cmdline()) or address.port in ports
         assert hard_coded, f"{' '.join(tree[pid].cmdline())[:120]} listens on {address.ip}:{address.port}"
 
 

@@ -6,6 +6,8 @@ straggler, alone; a corrupted gradient is caught, rerun by another group and sho
 
 from __future__ import annotations
 
+import contextlib
+
 import signal
 import time
 
@@ -46,8 +48,9 @@ def test_a_group_frozen_with_its_agent_is_lost_and_the_others_train_on(job):
     """SIGSTOP of group 1's agent and every process under it, as a node that hangs whole: no
     process event comes, the agent answers nothing, the heartbeat stops."""
     wait_for(lambda: all_training(job.api), 240, "all three groups training")
-    torchrun = job.api.get("/api/v1/groups/1/agent").json()["pid"]
-    frozen = [psutil.Process(torchrun).parent(), *process_tree(torchrun)]
+    root = psutil.Process(job.api.get("/api/v1/groups/1/agent").json()["pid"])  # forked by the zygote, or torchrun
+    agent = next(p for p in root.parents() if "service.agent" in " ".join(p.cmdline()))
+    frozen = [agent, *process_tree(agent.pid)[1:]]  # the agent first: it cannot act on what it sees stop
     at = time.time()
     for p in frozen:
         p.send_signal(signal.SIGSTOP)
@@ -63,7 +66,8 @@ def test_a_group_frozen_with_its_agent_is_lost_and_the_others_train_on(job):
         wait_for(lambda: all(groups(job.api)[g]["step"] > step[g] for g in (0, 2)), 30, "groups 0 and 2 to train on")
     finally:
         for p in frozen:
-            p.send_signal(signal.SIGCONT)
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.send_signal(signal.SIGCONT)
     wait_for(lambda: all_training(job.api), 240, "group 1 back once its node thaws")
 
 

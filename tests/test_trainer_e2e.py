@@ -119,6 +119,35 @@ def test_all_groups_restart_from_newest_complete_checkpoint(lighthouse, groups, 
     assert min(committed_steps(events, g)[0]["step"] for g in (0, 1)) == previous_step + 1
 
 
+def test_a_checkpoint_written_off_the_step_is_never_loaded_unless_its_write_finished(lighthouse, groups, tmp_path):
+    """The step waits only for the copy; the folder is published after the background write, at the
+    next step. A group killed with a save in flight leaves that folder unpublished, and the next
+    start resumes from the newest published one."""
+    events_dir, ckpt = tmp_path / "events", tmp_path / "ckpt"
+    args = job_args(lighthouse, tmp_path, 1, 10_000, "--checkpoint-dir", str(ckpt), "--checkpoint-every", "3",
+                    "--step-sleep-s", "0.3")
+    first = groups(0, args).start()
+    wait_for(lambda: list(ckpt.glob("step-*")), 300, "a published checkpoint")
+    in_flight = wait_for(lambda: list(ckpt.glob(".step-*.tmp-g0")), 60, "a save in flight", poll_s=0.01)
+    kill_together([first])
+    published = sorted(ckpt.glob("step-*"))
+    flight_step = int(in_flight[0].name.split(".")[1].removeprefix("step-"))
+    assert published and all(int(p.name.removeprefix("step-")) < flight_step for p in published)
+
+    events = read_events(events_dir)
+    saved = [e for e in events if e["type"] == "checkpoint" and e["action"] == "saved" and e["rank"] == 0]
+    assert saved and all(0 < e["stall_s"] <= e["seconds"] for e in saved), saved
+    stalls = {e["step"]: e["checkpoint_stall_s"] for e in committed_steps(events, 0)}
+    assert all(stalls.get(e["step"] + 1, 0) > 0 for e in saved), "the step after a save shows no stall"
+
+    restarted_at = time.time()
+    second = groups(0, args).start()
+    wait_for(lambda: committed_steps(read_events(events_dir, 0), 0, since=restarted_at), 300, "a commit after the restart")
+    second.stop()
+    start = next(e for e in read_events(events_dir) if e["type"] == "start" and e["ts"] >= restarted_at)
+    assert start["resumed_step"] == int(published[-1].name.removeprefix("step-"))
+
+
 def test_max_norm_clips_every_group_by_the_same_global_norm(lighthouse, groups, tmp_path):
     """--max-norm clips by the norm of the averaged gradient: every group holds the same average,
     so every group reports the same norm, clips alike and stays bitwise equal; that norm is at

@@ -1,10 +1,20 @@
-"""Periodic checkpoints with torch.distributed.checkpoint, published atomically.
+"""Periodic checkpoints with torch.distributed.checkpoint, written off the step, published atomically.
 
 A checkpoint is written by every rank of one group into ``.step-N.tmp-gG``; when DCP has
 finished (its metadata is written last, after a gather), the group's rank 0 writes a
 manifest with the size and SHA-256 of every file and renames the folder to ``step-N``.
 A folder without a manifest, or whose files do not match it, is never loaded: the loader
 warns and falls back to the next newest.
+
+Off the step (the default): ``dcp.async_save`` with its thread executor. The step stalls only
+while the state is copied (staged) into CPU memory; the files are written by a background
+thread whose collectives run on a process group of their own, so they never interleave with
+FSDP's. The checkpoint is published when the write has finished, at the next :meth:`poll`
+after it (every step polls); a group that dies before that leaves an unpublished folder, which
+is never loaded. One save is in flight at a time: a save due while the previous one still
+writes waits for it (that wait is part of the step's stall). torchtitan's async mode stages
+into pinned memory, which needs an accelerator; the default stager here copies into plain
+CPU memory, which works everywhere.
 """
 
 from __future__ import annotations
@@ -17,12 +27,15 @@ import os
 import re
 import shutil
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable
 
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 
 MANIFEST = "manifest.json"
 log = logging.getLogger(__name__)
@@ -92,6 +105,27 @@ class Found:
     path: Path
 
 
+@dataclass(frozen=True)
+class Saved:
+    """A checkpoint published (by rank 0) or written (by this rank): ``seconds`` from its start to
+    now, ``stall_s`` the part the training step waited for."""
+
+    step: int
+    path: Path
+    seconds: float
+    stall_s: float
+
+
+@dataclass
+class _InFlight:
+    step: int
+    staging: Path
+    final: Path
+    started: float
+    stall_s: float
+    written: Future
+
+
 def newest_complete(root: Path, warn) -> Found | None:
     """The newest verified checkpoint under ``root``; ``warn(path, reason)`` for each skipped."""
     for folder in reversed(published(root)):
@@ -106,41 +140,78 @@ class Checkpointer:
     """Saves and loads the whole training state of one replica group."""
 
     def __init__(self, root: Path, group: int, keep: int, every: int, state: Callable[[], dict[str, Any]],
-                 restore: Callable[[dict[str, Any]], None]):
+                 restore: Callable[[dict[str, Any]], None], asynchronous: bool = True,
+                 timeout: timedelta = timedelta(minutes=10)):
         """``state()`` gives the tensors (DTensors allowed) and values to save; after a load
         fills them in place, ``restore(state)`` applies the non-tensor values. A checkpoint is
-        due every ``every`` committed steps; the newest ``keep`` are kept."""
+        due every ``every`` committed steps; the newest ``keep`` are kept. Collective (with
+        ``asynchronous``, it makes the background writes' process group, whose collectives give
+        up after ``timeout``: a write whose peer rank died fails instead of waiting forever)."""
         self.root = root
         self.group = group
         self.keep = keep
         self.every = every
         self.state = state
         self.restore = restore
+        self.writes_group = dist.new_group(backend="gloo", timeout=timeout) if asynchronous else None
+        self._in_flight: _InFlight | None = None
 
     def due(self, step: int) -> bool:
         return step % self.every == 0
 
-    def save(self, step: int) -> tuple[Path, float]:
-        """Collective over the group's ranks. Returns the published folder and seconds taken."""
+    @property
+    def in_flight(self) -> bool:
+        return self._in_flight is not None
+
+    def save(self, step: int) -> tuple[float, list[Saved]]:
+        """Collective over the group's ranks: start saving ``step``. Returns the seconds the step
+        stalled and the saves it completed meanwhile: the previous one, waited for; this one when
+        synchronous. An asynchronous save completes at a later :meth:`poll` or :meth:`wait`."""
         start = time.perf_counter()
+        done = self.wait()
         final = self.root / step_dir_name(step)
         staging = self.root / f".{final.name}.tmp-g{self.group}"
-        rank = dist.get_rank()
-        if rank == 0:
+        if dist.get_rank() == 0:
             self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
             with contextlib.suppress(PermissionError):  # a shared folder of another owner keeps its mode
                 os.chmod(self.root, 0o700)  # the model and optimizer: this user's alone
             shutil.rmtree(staging, ignore_errors=True)
             staging.mkdir()
         dist.barrier()
-        dcp.save(self.state(), checkpoint_id=staging)
-        if rank == 0:
+        if self.writes_group is None:
+            dcp.save(self.state(), checkpoint_id=staging)
+            stall = time.perf_counter() - start
+            return stall, [*done, self._complete(step, staging, final, start, stall)]
+        written = dcp.async_save(self.state(), checkpoint_id=staging, process_group=self.writes_group,
+                                 async_checkpointer_type=AsyncCheckpointerType.THREAD)
+        stall = time.perf_counter() - start
+        self._in_flight = _InFlight(step, staging, final, start, stall, written)
+        return stall, done
+
+    def poll(self) -> list[Saved]:
+        """The save in flight when its write has finished (published by rank 0), else nothing.
+        A failed write raises here, as a synchronous save would have raised in :meth:`save`."""
+        if self._in_flight is None or not self._in_flight.written.done():
+            return []
+        return self.wait()
+
+    def wait(self) -> list[Saved]:
+        """Wait for the save in flight, if any, and publish it."""
+        in_flight, self._in_flight = self._in_flight, None
+        if in_flight is None:
+            return []
+        in_flight.written.result()
+        return [self._complete(in_flight.step, in_flight.staging, in_flight.final, in_flight.started, in_flight.stall_s)]
+
+    def _complete(self, step: int, staging: Path, final: Path, started: float, stall_s: float) -> Saved:
+        """Rank 0 writes the manifest and publishes; every rank reports its part done."""
+        if dist.get_rank() == 0:
             files = {p.name: {"size": p.stat().st_size, "sha256": _file_digest(p)}
                      for p in sorted(staging.iterdir()) if p.is_file()}
             (staging / MANIFEST).write_text(json.dumps({"step": step, "group": self.group, "files": files}))
             self._publish(staging, final)
             self._prune()
-        return final, time.perf_counter() - start
+        return Saved(step, final, time.perf_counter() - started, stall_s)
 
     def _publish(self, staging: Path, final: Path) -> None:
         if final.exists():  # the same step saved again after a restart: replace it
@@ -174,6 +245,16 @@ class Checkpointer:
         """The newest published checkpoint's folder name, unverified (a cheap listing)."""
         folders = published(self.root)
         return folders[-1].name if folders else None
+
+    def close(self, finish: bool) -> list[Saved]:
+        """Finish the save in flight (``finish``: a graceful exit publishes it; else it is left
+        unpublished, as a crash would leave it) and free the writes' group."""
+        done = self.wait() if finish else []
+        self._in_flight = None
+        if self.writes_group is not None:
+            dist.destroy_process_group(self.writes_group)
+            self.writes_group = None
+        return done
 
     def choose(self, warn) -> Found | None:
         """Rank 0 picks the newest complete checkpoint; every rank of the group gets its pick, or

@@ -112,6 +112,8 @@ class TrainerConfig(BaseSettings):
     checkpoint_dir: Path | None = Field(None, description="torch.distributed.checkpoint folder shared by all groups; none: no checkpoints")
     checkpoint_every: int = Field(50, ge=1, description="save every N committed steps")
     checkpoint_keep: int = Field(3, ge=1, description="keep the newest K complete checkpoints")
+    checkpoint_async: bool = Field(True, description="write checkpoints off the step: the step waits only for "
+                                   "the copy into CPU memory (--no-checkpoint-async: for the whole save)")
     events_dir: Path = Field(Path("ftstate/events"), description="JSON-lines event files, one per rank")
     fingerprint_every: int = Field(10, ge=1, description="hash local parameter+optimizer shards every N committed steps")
     log_every: int = Field(10, ge=1, description="rank 0 prints a progress line every N steps")

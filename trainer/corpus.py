@@ -11,6 +11,9 @@ from pathlib import Path
 
 from trainer.errors import ConfigError
 
+_preloaded: dict[tuple[Path | None, int], bytes] = {}
+"""Corpora a zygote read before forking: its ranks share these pages and read nothing."""
+
 TEXT_SUFFIXES = {".txt", ".md", ".rst", ".py", ".jsonl", ".json", ".csv", ".tex", ".html"}
 
 
@@ -47,8 +50,17 @@ def _user_files(path: Path) -> list[Path]:
     raise ConfigError(f"--data {path} does not exist; give a text or JSONL file or a folder of them")
 
 
+def preload_corpus(path: Path | None, max_bytes: int) -> bytes:
+    """Read the corpus now and keep it: every later :func:`read_corpus` of it in this process,
+    or in a process forked from it, answers from memory."""
+    _preloaded[(path, max_bytes)] = corpus = read_corpus(path, max_bytes)
+    return corpus
+
+
 def read_corpus(path: Path | None, max_bytes: int) -> bytes:
     """Read up to ``max_bytes`` of the corpus: the user's files, else the standard library."""
+    if (path, max_bytes) in _preloaded:
+        return _preloaded[(path, max_bytes)]
     files = stdlib_files() if path is None else _user_files(path)
     chunks: list[bytes] = []
     total = 0

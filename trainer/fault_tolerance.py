@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 import socket
+import socketserver
 import threading
 import time
 import urllib.request
@@ -98,9 +99,8 @@ class HealTransport(HTTPTransport):
         self.last_fetch_s = 0.0
         super().__init__(timeout=timeout, num_chunks=0)
         handler = self._server.RequestHandlerClass
-        self._server.shutdown()  # torchft's own server, on every interface: replaced before any heal
-        self._server.server_close()
-        self._thread.join()
+        threading.Thread(target=_retire, args=(self._server, self._thread), name="heal-server-retire",
+                         daemon=True).start()
         family, _, _, _, (address, *_) = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)[0]
         server_type = type("BoundHTTPServer", (ThreadingHTTPServer,), {"address_family": family,
                                                                       "request_queue_size": 1024})
@@ -123,6 +123,15 @@ class HealTransport(HTTPTransport):
             return super().recv_checkpoint(src_rank, metadata, step, timeout)
         finally:
             self.last_fetch_s = time.perf_counter() - start
+
+
+def _retire(server: socketserver.BaseServer, thread: threading.Thread) -> None:
+    """Stop torchft's own heal server (on every interface) in the background: its serve loop
+    notices a shutdown only at its next 0.5 s poll, which a start need not wait for. Its address
+    is never published and nothing is sent through it (a heal waits for a quorum, seconds later)."""
+    server.shutdown()
+    server.server_close()
+    thread.join()
 
 
 def _connected_tcp_sockets() -> dict[int, int]:

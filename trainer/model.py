@@ -9,17 +9,16 @@ import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
 
-from trainer.cpu_compat import install_triton_kernel_stub, use_sdpa_attention
+from trainer.cpu_compat import use_sdpa_attention
 from trainer.errors import ConfigError
+from trainer.lean_import import import_llama3
 
 VOCAB_SIZE = 256  # byte-level tokens: no tokenizer to download
 
 
 def model_config(flavor: str):
     """The flavor's config with a 256-token vocabulary and plain SDPA attention."""
-    install_triton_kernel_stub()
-    from torchtitan.models.llama3 import llama3_configs
-
+    llama3_configs = import_llama3().llama3_configs
     if flavor not in llama3_configs:
         raise ConfigError(f"unknown --flavor {flavor!r}; choose one of {', '.join(llama3_configs)}")
     config = llama3_configs[flavor](attn_backend="flex")

@@ -14,6 +14,7 @@ import os
 import signal
 import time
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -37,7 +38,7 @@ from protocol.files import write_model
 from protocol.lighthouse import lighthouse_unreachable
 from protocol.quarantine import Quarantine, quarantine_file
 from protocol.spare import readiness_file
-from trainer.checkpoint import Checkpointer, Found, step_of
+from trainer.checkpoint import Checkpointer, Found, Saved, step_of
 from trainer.config import TrainerConfig
 from trainer.fault_tolerance import (
     LIGHTHOUSE_PROBE_TIMEOUT_S,
@@ -133,7 +134,7 @@ class Fingerprinter:
 
 
 class RankTrainer:
-    def __init__(self, cfg: TrainerConfig, process_start: float, stop: StopRequest):
+    def __init__(self, cfg: TrainerConfig, process_start: float, stop: StopRequest, forked: bool = False):
         self.cfg = cfg
         t_imports = time.time()
         check_lighthouse_reachable(cfg.lighthouse)
@@ -156,13 +157,15 @@ class RankTrainer:
         self.manager = None
         self.manager_state = {"step": 0, "batches_committed": 0}
         self.checkpointer = None
+        self.checkpoint_stall_s = 0.0  # the next step event's
         self.loaded: Found | None = None
         if cfg.checkpoint_dir is not None:
             self.checkpointer = Checkpointer(
                 cfg.checkpoint_dir, cfg.group, cfg.checkpoint_keep, cfg.checkpoint_every,
                 state=lambda: {**self.live.checkpoint_state(),
                                "torchft": self.manager.state_dict() if self.manager else dict(self.manager_state)},
-                restore=self._restore_checkpoint,
+                restore=self._restore_checkpoint, asynchronous=cfg.checkpoint_async,
+                timeout=timedelta(seconds=cfg.timeout_s),
             )
             self._resume()
         t_ckpt = time.time()
@@ -191,9 +194,11 @@ class RankTrainer:
             parameters=self.training.parameters, imports_s=t_imports - process_start,
             process_group_s=t_pg - t_imports, data_s=self.training.data_s, model_s=self.training.model_s,
             checkpoint_s=t_ckpt - t_model + (t_promoted - t_ckpt - spare_wait_s), manager_s=t_manager - t_promoted,
-            resumed_step=resumed_step, spare_wait_s=spare_wait_s,
+            resumed_step=resumed_step, spare_wait_s=spare_wait_s, forked=forked,
         )
-        self._say(f"up in {t_manager - process_start - spare_wait_s:.1f}s (imports {t_imports - process_start:.1f}s, "
+        self._say(f"up in {t_manager - process_start - spare_wait_s:.1f}s"
+                  + (" from a fork of the zygote" if forked else "")
+                  + f" (imports {t_imports - process_start:.1f}s, "
                   f"model {self.training.model_s:.1f}s), {self.training.parameters / 1e6:.2f}M parameters"
                   + (f", resumed at step {resumed_step}" if resumed_step else "")
                   + (f", promoted after {spare_wait_s:.1f}s as a warm spare" if spare_wait_s else ""))
@@ -329,7 +334,9 @@ class RankTrainer:
             batches_committed=o.batches_committed, batches_skipped=self.position.batches_skipped,
             grad_norm=_finite(o.grad_norm), clip_norm=o.clip_norm, shard_grad_norm=_finite(o.shard_grad_norm),
             shard_update_norm=_finite(o.shard_update_norm), skipped=o.skipped, rerun_s=o.rerun_s,
+            checkpoint_stall_s=self.checkpoint_stall_s,
         )
+        self.checkpoint_stall_s = 0.0
         if o.check is not None and o.check.incidents:
             self._report_incidents(o)
         if not o.committed:
@@ -374,14 +381,21 @@ class RankTrainer:
         self.fingerprinter.after_commit(step)
         if self.checkpointer and self.checkpointer.due(step) and self.manager.participating_rank() == 0:
             self.beacon.enter("checkpoint")
-            path, seconds = self.checkpointer.save(step)
+            self.checkpoint_stall_s, saved = self.checkpointer.save(step)
             self.beacon.enter("compute")
-            self.sink.emit(CheckpointEvent, action="saved", step=step, seconds=seconds, path=str(path))
+            self._report_saved(saved)
+
+    def _report_saved(self, saved: list[Saved]) -> None:
+        for s in saved:
+            self.sink.emit(CheckpointEvent, action="saved", step=s.step, seconds=s.seconds, stall_s=s.stall_s,
+                           path=str(s.path))
 
     def train(self, stop: StopRequest) -> str:
         while self.manager.current_step() < self.cfg.steps:
             if stop.requested:
                 return "stopped"
+            if self.checkpointer:
+                self._report_saved(self.checkpointer.poll())
             outcome = self.step()
             self.report(outcome)
             if (incident := self.quarantined(outcome)) is not None:
@@ -395,6 +409,8 @@ class RankTrainer:
         return "done"
 
     def close(self, reason: str, error: str | None = None) -> None:
+        if self.checkpointer:
+            self._report_saved(self.checkpointer.close(finish=reason != "error"))
         self.sink.emit(ExitEvent, reason=reason, step=self.manager.current_step(), error=error,
                        events_dropped=self.sink.dropped)
         self.sink.close()
@@ -413,11 +429,11 @@ def _fmt(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3g}"
 
 
-def run(cfg: TrainerConfig, process_start: float) -> int:
+def run(cfg: TrainerConfig, process_start: float, forked: bool = False) -> int:
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     stop = StopRequest()
     stop.install()
-    trainer = RankTrainer(cfg, process_start, stop)
+    trainer = RankTrainer(cfg, process_start, stop, forked)
     try:
         reason = trainer.train(stop)
     except Exception as err:

@@ -18,6 +18,7 @@ from service.agent.forwarder import EventForwarder
 from service.agent.spare import WarmSpare
 from service.agent.supervisor import GroupCommand, GroupSupervisor, StateConflict
 from service.agent.watchdog import Watchdog
+from service.agent.zygote import Zygote
 
 
 def _lighthouse_away(address: str) -> str | None:
@@ -34,6 +35,7 @@ class Agent:
     supervisor: GroupSupervisor
     spare: WarmSpare | None
     watchdog: Watchdog | None
+    zygote: Zygote | None
 
     @classmethod
     def build(cls, settings: AgentSettings) -> "Agent":
@@ -43,8 +45,9 @@ class Agent:
             *(["--advertise-host", settings.advertise_host] if settings.advertise_host else []),
             *settings.trainer_args,
         ]
+        zygote = Zygote(settings.group, trainer_args, settings.log_path) if settings.zygote else None
         command = GroupCommand(settings.group, settings.ranks_per_group, trainer_args, settings.advertise_host,
-                               settings.log_path, settings.stop_timeout_s)
+                               settings.log_path, settings.stop_timeout_s, zygote)
         spare = WarmSpare(command, settings.run_dir, settings.spare_respawn_delay_s) if settings.spare else None
         watchdog: Watchdog | None = None
 
@@ -63,7 +66,7 @@ class Agent:
                                    settings.buffer_capacity, settings.forward_interval_s, settings.forward_batch,
                                    settings.forward_timeout_s,
                                    on_step=(lambda e: watchdog.stepped(e.step_s)) if watchdog else lambda e: None)
-        return cls(settings, forwarder, supervisor, spare, watchdog)
+        return cls(settings, forwarder, supervisor, spare, watchdog, zygote)
 
     def open(self) -> None:
         """At start: end what a dead predecessor left, start forwarding, start the group."""
@@ -71,6 +74,8 @@ class Agent:
         self.supervisor.reap_orphans()
         take_quarantine(self.settings.events_dir, self.settings.group)  # a predecessor's, about ranks now gone
         self.forwarder.start()
+        if self.zygote:
+            self.zygote.start()
         if self.watchdog:
             self.watchdog.start()
         if self.settings.autostart:
@@ -81,6 +86,8 @@ class Agent:
         if self.watchdog:
             self.watchdog.stop()
         self.supervisor.shutdown()
+        if self.zygote:
+            self.zygote.stop()
         self.forwarder.stop()
 
     def rank_pids(self) -> dict[int, int]:

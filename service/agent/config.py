@@ -38,6 +38,9 @@ class AgentSettings(BaseSettings):
     autostart: bool = Field(True, description="start the group when the agent starts")
     auto_rejoin_delay_s: float | None = Field(None, ge=0, description="restart a killed or crashed group after this delay; none: stay down until rejoin")
     spare: bool = Field(False, description="keep a warm spare of the group: pre-started, outside the quorum, promoted by rejoin")
+    zygote: bool = Field(True, description="fork the group's ranks (and its spare's) from a process that imported "
+                         "torch, torchft and the model code and read the corpus once, at agent start; off: every "
+                         "start is a cold torchrun start")
     spare_respawn_delay_s: float = Field(10.0, ge=0, description="after a promotion, wait this long before starting the next spare")
     stop_timeout_s: float = Field(STOP_TIMEOUT_S, gt=0, description="graceful stop: SIGTERM, then SIGKILL after this")
     buffer_capacity: int = Field(20_000, ge=10, description="events kept while the control plane is away")

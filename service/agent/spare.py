@@ -9,14 +9,17 @@ the quorum and heals from a peer. A new spare is started after each promotion.
 from __future__ import annotations
 
 import logging
-import subprocess
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from protocol.agent import SpareState
 from protocol.spare import promotion_file, readiness_file, spare_files
 from service.agent.pidfile import reap_pidfile, record_pid
 from service.agent.supervisor import GroupCommand
+
+if TYPE_CHECKING:
+    from service.agent.supervisor import GroupProcess
 
 log = logging.getLogger("agent.spare")
 
@@ -27,7 +30,7 @@ class WarmSpare:
         self.group = command.group
         self.run_dir = run_dir
         self.respawn_delay_s = respawn_delay_s
-        self.proc: subprocess.Popen | None = None
+        self.proc: GroupProcess | None = None
         self.generation = 0
         self._lock = threading.Lock()
 
@@ -67,7 +70,7 @@ class WarmSpare:
                 return None
             return "ready" if all(p.exists() for p in self._ready_paths()) else "starting"
 
-    def promote(self) -> tuple[subprocess.Popen, str] | None:
+    def promote(self) -> "tuple[GroupProcess, str] | None":
         """Hand the spare over as the group's process, or None when there is none alive."""
         state = self.state()
         with self._lock:

@@ -14,12 +14,16 @@ from typing import TYPE_CHECKING, Callable
 from protocol.events import ExitKind
 from protocol.agent import LastExit
 from protocol.quarantine import Quarantine
-from protocol.torchrun import torchrun_argv, torchrun_env
+from protocol.defaults import LOOPBACK
+from protocol.torchrun import free_port, torchrun_argv, torchrun_env
 from service.agent.pidfile import forget_pid, reap_pidfile, record_pid
 from service.proctree import REAPED_S, end_tree, process_tree, signal_tree, wait_gone
 
 if TYPE_CHECKING:
     from service.agent.spare import WarmSpare
+    from service.agent.zygote import ForkedGroup, Zygote
+
+    GroupProcess = subprocess.Popen | ForkedGroup
 
 log = logging.getLogger("agent.supervisor")
 STOP_TIMEOUT_S = 30.0
@@ -41,19 +45,28 @@ class GroupCommand:
     master_addr: str | None
     log_path: Path
     stop_timeout_s: float = STOP_TIMEOUT_S
+    zygote: "Zygote | None" = None
 
-    def spawn(self, banner: str, extra_args: tuple[str, ...] = ()) -> subprocess.Popen:
-        """torchrun in a session of its own, its output appended to the group's log."""
+    def spawn(self, banner: str, extra_args: tuple[str, ...] = ()) -> "GroupProcess":
+        """The group's ranks forked by the zygote, or else torchrun; in a session of their own,
+        their output appended to the group's log."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        argv = torchrun_argv(self.ranks_per_group, [*self.trainer_args, *extra_args], self.master_addr)
+        trainer_args = [*self.trainer_args, *extra_args]
+        if self.zygote is not None:
+            forked = self.zygote.spawn(banner, trainer_args, self.ranks_per_group, self.master_addr or LOOPBACK,
+                                       free_port(), self.log_path)
+            if forked is not None:
+                return forked
+        argv = torchrun_argv(self.ranks_per_group, trainer_args, self.master_addr)
         with open(self.log_path, "ab") as out:
             out.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {banner}\n".encode())
             out.flush()
             return subprocess.Popen(argv, env=torchrun_env(), stdout=out, stderr=subprocess.STDOUT,
                                     start_new_session=True)
 
-    def stop(self, proc: subprocess.Popen) -> None:
-        """SIGTERM to torchrun (it forwards it to the ranks), then SIGKILL whatever is left."""
+    def stop(self, proc: "GroupProcess") -> None:
+        """SIGTERM to the group's root, torchrun or the zygote's leader (each forwards it to the
+        ranks), then SIGKILL whatever is left."""
         end_tree(proc, self.stop_timeout_s)
 
 
@@ -77,7 +90,7 @@ class GroupSupervisor:
         self.on_event = on_event
         self.auto_rejoin_delay_s = auto_rejoin_delay_s
         self.spare = spare
-        self.proc: subprocess.Popen | None = None
+        self.proc: GroupProcess | None = None
         self.starts = 0
         self.last_exit: LastExit | None = None
         self._intent: ExitKind | None = None
@@ -120,7 +133,7 @@ class GroupSupervisor:
             self.spare.replace_later(self._shutdown)
         return proc.pid
 
-    def _watch(self, proc: subprocess.Popen) -> None:
+    def _watch(self, proc: "GroupProcess") -> None:
         """Report exits nobody asked for; kill() and stop() report their own, before returning,
         so a command that follows them (a rejoin) is always ordered after the exit."""
         code = proc.wait()
@@ -133,7 +146,7 @@ class GroupSupervisor:
         else:
             self._exited(proc, "finished" if code == 0 else "crashed")
 
-    def _exited(self, proc: subprocess.Popen, kind: ExitKind, detail: str | None = None) -> None:
+    def _exited(self, proc: "GroupProcess", kind: ExitKind, detail: str | None = None) -> None:
         code = proc.wait()
         forget_pid(self.pid_path, proc.pid)
         self.last_exit = LastExit(kind=kind, returncode=code, ts=time.time())

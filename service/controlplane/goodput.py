@@ -24,6 +24,9 @@ from service.ledger import Cluster, NoProgress, Recovery, goodput
 # The seed's scenario C (async checkpoints, heartbeat detection, in-process restart, local
 # load): the classic path at its best, used when no measured classic baseline is configured.
 SEED_CLASSIC = {"detect_s": 60.0, "restart_s": 30.0, "load_s": 60.0}
+DEFAULT_DELTA_S = 10.0
+MEASURED_SAVES = 200
+"""The newest checkpoint events whose medians give δ."""
 MEASURED_DRILLS = 1000
 """The newest kill-heal drills whose medians feed the projection."""
 DEFAULT_GPUS = (1024, 16384)
@@ -36,8 +39,9 @@ class Assumptions(BaseModel):
 
     gpu_mtbf_hours: float = Field(50_000.0, gt=0, le=1e9, description="per-GPU MTBF (Llama 3: ~50,700 h)")
     gpus_per_group: int = Field(8, ge=1, le=MAX_GPUS, description="GPUs one replica group loses when a GPU fails")
-    delta_s: float = Field(10.0, gt=0, le=86_400, description="exposed seconds of one checkpoint (Young's interval "
-                           "needs it above 0)")
+    delta_s: float | None = Field(None, gt=0, le=86_400, description="exposed seconds of one checkpoint (Young's "
+                                  "interval needs it above 0); default: this job's measured stall per save, "
+                                  f"{DEFAULT_DELTA_S:g} s before any save")
     hang_fraction: float = Field(0.017, ge=0, le=1, description="share of failures that are hangs (Llama 3: NCCL "
                                  "watchdog timeouts were 1.7% of interruptions); the rest are crashes")
 
@@ -52,6 +56,10 @@ class MeasuredRecovery(BaseModel):
     rejoin_to_healed_commit_s: float
     survivor_steps_lost: float
     step_s: float | None
+    checkpoint_stall_s: float | None = Field(None, description="δ of this service: how long a step waited for a "
+                                             "save (median of the newest saves; the copy when written off the step)")
+    checkpoint_save_s: float | None = Field(None, description="δ of the classic path, which saves synchronously: "
+                                            "the whole save (median)")
 
 
 class Projection(BaseModel):
@@ -77,6 +85,8 @@ def measured(store: Store, step_s: float | None) -> MeasuredRecovery:
     reports = [d["report"] for d in store.drills(MEASURED_DRILLS, kind="kill-heal", status="done")]
     hangs = [d["report"]["detect_s"] for d in store.drills(MEASURED_DRILLS, kind="hang", status="done")
              if d["report"].get("detect_s") is not None]
+    saves = [e for e in store.newest_events("checkpoint", MEASURED_SAVES)
+             if e.action == "saved" and e.stall_s is not None and e.rank == 0]
     if not reports:
         raise NothingMeasured("no kill-heal drill has finished yet: run one (ftctl drill kill-heal --group G) "
                               "so there are recovery times to project")
@@ -87,8 +97,14 @@ def measured(store: Store, step_s: float | None) -> MeasuredRecovery:
         reconfigure_s=statistics.median(r["survivors_resume_s"] - r["detect_s"] for r in reports),
         rejoin_to_healed_commit_s=statistics.median(r["rejoin_to_healed_commit_s"] for r in reports),
         survivor_steps_lost=statistics.median(r["survivors_steps_lost"] for r in reports),
-        step_s=step_s,
+        step_s=step_s, checkpoint_stall_s=_median(s.stall_s for s in saves),
+        checkpoint_save_s=_median(s.seconds for s in saves),
     )
+
+
+def _median(values) -> float | None:
+    values = list(values)
+    return statistics.median(values) if values else None
 
 
 def classic(path: Path | None) -> tuple[dict[str, float], str]:
@@ -98,6 +114,17 @@ def classic(path: Path | None) -> tuple[dict[str, float], str]:
     restart = statistics.median(r["kill_to_full_s"] for r in runs)
     load = statistics.median(r["restart_split"]["checkpoint_s"] for r in runs)
     return {"detect_s": 0.0, "restart_s": restart - load, "load_s": load}, f"measured by bench/recovery ({path.name})"
+
+
+MIN_DELTA_S = 1e-3
+"""Young's interval needs δ above 0; a measured stall rounds to no less than a millisecond."""
+
+
+def _delta(given: float | None, measured_s: float | None) -> float:
+    """δ as asked, else as measured, else the default."""
+    if given is not None:
+        return given
+    return DEFAULT_DELTA_S if measured_s is None else max(MIN_DELTA_S, measured_s)
 
 
 def weighted_detect_s(m: MeasuredRecovery, a: Assumptions) -> float:
@@ -118,10 +145,10 @@ def project(m: MeasuredRecovery, classic_times: tuple[dict[str, float], str], gp
         cluster = Cluster(n, a.gpu_mtbf_hours)
         groups = max(1, n // a.gpus_per_group)
         ours = Recovery(detect_s=weighted_detect_s(m, a), restart_s=m.reconfigure_s,
-                        load_s=m.rejoin_to_healed_commit_s / groups, delta_s=a.delta_s,
+                        load_s=m.rejoin_to_healed_commit_s / groups, delta_s=_delta(a.delta_s, m.checkpoint_stall_s),
                         rollback_s=m.survivor_steps_lost * (m.step_s or 0.0))
         theirs = Recovery(detect_s=times["detect_s"], restart_s=times["restart_s"], load_s=times["load_s"],
-                          delta_s=a.delta_s)
+                          delta_s=_delta(a.delta_s, m.checkpoint_save_s))
         for label, rec in (("this service (measured)", ours), ("classic restart", theirs)):
             try:
                 g = goodput(cluster, rec)
@@ -130,7 +157,7 @@ def project(m: MeasuredRecovery, classic_times: tuple[dict[str, float], str], gp
             projections.append(Projection(path=label, gpus=n, mtbf_h=g.mtbf_s / 3600, tau_s=g.tau_s, goodput=g.goodput,
                                           dominant=g.dominant, loss_per_failure_s=g.loss_per_failure_s, terms=g.terms,
                                           inputs={"detect_s": rec.detect_s, "restart_s": rec.restart_s,
-                                                  "load_s": rec.load_s, "delta_s": a.delta_s,
+                                                  "load_s": rec.load_s, "delta_s": rec.delta_s,
                                                   "rollback_s": rec.rollback_s if rec.rollback_s is not None else g.tau_s / 2}))
         ours_g, classic_g = projections[-2], projections[-1]
         answer.append(f"at {n} GPUs with our measured recovery, goodput would be {100 * ours_g.goodput:.1f}%, "

@@ -39,6 +39,7 @@ from service.controlplane.stragglers import Pattern, StragglerTracker
 STEP_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10)
 CODES = ("unknown", *STATES)  # dashboards/quorum.py maps these numbers back to names
 HEAL_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120)
+STALL_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10)
 DRILL_KINDS = ("kill-heal", "hang", "lighthouse", "chaos", "straggler", "corrupt")
 FAULT_CLASSES = {"crash": ("kill-heal", "survivors_resume_s"), "hang": ("hang", "survivors_resume_s"),
                  "lighthouse": ("lighthouse", "max_pause_s")}
@@ -73,8 +74,12 @@ class JobMetrics:
                              registry=r)
         self.quorum_changes = Counter("ftctl_quorum_changes_total", "quorum changes seen by a group's rank 0",
                                       ["group"], registry=r)
-        self.checkpoint_seconds = Histogram("ftctl_checkpoint_save_seconds", "checkpoint save time",
+        self.checkpoint_seconds = Histogram("ftctl_checkpoint_save_seconds", "checkpoint save time, start to "
+                                            "published (mostly in the background when written off the step)",
                                             buckets=HEAL_BUCKETS, registry=r)
+        self.checkpoint_stall = Histogram("ftctl_checkpoint_stall_seconds", "how long a training step waited for "
+                                          "a checkpoint save: its copy into CPU memory when written off the step",
+                                          buckets=STALL_BUCKETS, registry=r)
         self.stragglers = Counter("ftctl_stragglers_flagged_total", "times the detector flagged a group as a "
                                   "persistent straggler", ["group"], registry=r)
         self.sdc_incidents = Counter("ftctl_sdc_incidents_total", "gradients the check found abnormal, by the group "
@@ -129,6 +134,8 @@ class JobMetrics:
                 self.quorum_changes.labels(g).inc()
             case CheckpointEvent(action="saved"):
                 self.checkpoint_seconds.observe(e.seconds)
+                if e.stall_s is not None:
+                    self.checkpoint_stall.observe(e.stall_s)
                 self.last_checkpoint_ts = max(self.last_checkpoint_ts, e.ts)
 
     def _fingerprint(self, e: FingerprintEvent) -> None:
