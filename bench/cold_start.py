@@ -23,6 +23,7 @@ import psutil
 from bench.common import Up, job_parser, spread, write_result
 from protocol import defaults
 from protocol.files import read_model
+from protocol.zygote import READY_LINE
 from service.agent.pidfile import PidRecord
 
 SPLIT = ("imports_s", "process_group_s", "data_s", "model_s", "checkpoint_s", "manager_s")
@@ -75,7 +76,7 @@ def spare_rebuilds(args) -> tuple[list[dict], float | None]:
         up.wait_spares_ready([args.group])
         if args.zygote:
             lines = [line for line in (state / "logs" / f"group{args.group}.log").read_text().splitlines()
-                     if line.startswith("zygote ready in ")]
+                     if line.startswith(f"{READY_LINE} in ")]
             zygote_ready_s = float(lines[0].split()[3].rstrip("s")) if lines else None
         for i in range(args.repeats):
             time.sleep(args.settle_s)

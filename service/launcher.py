@@ -41,6 +41,8 @@ POLL_S = 0.1
 PROBE_TIMEOUT_S = 1.0
 """A health probe slower than this counts as not answering yet."""
 LOCK_FILE = "ftctl-up.lock"
+
+
 class StateLock:
     """An exclusive lock on a state folder for as long as this process lives (the kernel drops it
     with the process); the folder is made private (0700): it holds the token."""

@@ -159,10 +159,6 @@ class Checkpointer:
     def due(self, step: int) -> bool:
         return step % self.every == 0
 
-    @property
-    def in_flight(self) -> bool:
-        return self._in_flight is not None
-
     def save(self, step: int) -> tuple[float, list[Saved]]:
         """Collective over the group's ranks: start saving ``step``. Returns the seconds the step
         stalled and the saves it completed meanwhile: the previous one, waited for; this one when
