@@ -5,8 +5,9 @@ against synchronous (``--no-checkpoint-async``), on the same job, in turns.
 
 Each turn runs `ftctl up` (G groups × K ranks, the default model) until group 0 has published
 ``--saves`` checkpoints, then reads rank 0's checkpoint events: the stall (how long the step
-waited) and the whole save, and the failure-free step time of steps without a save. Writes
-bench/results/checkpoint-*.json.
+waited) and the whole save; and the step time, median of the steps without a save, and mean
+of every step with its stall (on a shared CPU the background write slows the steps it
+overlaps). Writes bench/results/checkpoint-*.json.
 """
 
 from __future__ import annotations
@@ -37,8 +38,10 @@ def turn(args, asynchronous: bool) -> dict:
     finally:
         up.stop()
     plain = [e["step_s"] for e in steps if e["checkpoint_stall_s"] == 0]
+    every = [e["step_s"] + e["checkpoint_stall_s"] for e in steps]
     return {"asynchronous": asynchronous, "stall_s": [e["stall_s"] for e in saves], "save_s": [e["seconds"] for e in saves],
-            "step_s": statistics.median(plain) if plain else None}
+            "step_s": statistics.median(plain) if plain else None,
+            "mean_step_s": statistics.fmean(every) if every else None}
 
 
 def main() -> None:
@@ -53,7 +56,8 @@ def main() -> None:
             turns.append(turn(args, asynchronous))
             t = turns[-1]
             print(f"turn {i + 1} {'async' if asynchronous else 'sync '}: stall {spread(t['stall_s'])} s, "
-                  f"save {spread(t['save_s'])} s, step {t['step_s']:.3f} s", flush=True)
+                  f"save {spread(t['save_s'])} s, step {t['step_s']:.3f} s (without a save), "
+                  f"{t['mean_step_s']:.3f} s (mean, saves and stalls included)", flush=True)
 
     def pooled(asynchronous: bool, key: str) -> list[float]:
         return [v for t in turns if t["asynchronous"] == asynchronous for v in t[key]]
@@ -65,6 +69,9 @@ def main() -> None:
     print(f"  off the step (async): {spread(pooled(True, 'stall_s'))} s; the whole save {spread(pooled(True, 'save_s'))} s")
     print(f"  synchronous:          {spread(pooled(False, 'stall_s'))} s")
     print(f"  δ async / sync: {100 * stall_async / stall_sync:.0f}%")
+    for asynchronous in (True, False):
+        means = [t["mean_step_s"] for t in turns if t["asynchronous"] == asynchronous]
+        print(f"  mean step, {'async' if asynchronous else 'sync '}: {spread(means)} s (saves and stalls included)")
     print(f"wrote {out}")
 
 

@@ -66,7 +66,7 @@ def main() -> int:
 
         checkpointer = Checkpointer(cfg.checkpoint_dir, 0, cfg.checkpoint_keep, cfg.checkpoint_every,
                                     state=lambda: {**training.live.checkpoint_state(), "progress": counter.state_dict()},
-                                    restore=restore)
+                                    restore=restore, asynchronous=False)  # the classic path: saves on the step
         found = checkpointer.choose(lambda path, reason: None)
         if found is not None:
             seconds = checkpointer.load(found.path)
@@ -89,8 +89,9 @@ def main() -> int:
                   commit_s=0.0, quorum_id=0, participants=cfg.groups, participating=True, healed=False,
                   batches_committed=counter.step * cfg.groups, batches_skipped=0)
         if checkpointer and checkpointer.due(counter.step):
-            path, seconds = checkpointer.save(counter.step)
-            sink.emit(CheckpointEvent, action="saved", step=counter.step, seconds=seconds, path=str(path))
+            for saved in checkpointer.save(counter.step)[1]:
+                sink.emit(CheckpointEvent, action="saved", step=saved.step, seconds=saved.seconds,
+                          stall_s=saved.stall_s, path=str(saved.path))
         if cfg.step_sleep_s:
             time.sleep(cfg.step_sleep_s)
     sink.close()

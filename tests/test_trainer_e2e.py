@@ -121,8 +121,8 @@ def test_all_groups_restart_from_newest_complete_checkpoint(lighthouse, groups, 
 
 def test_a_checkpoint_written_off_the_step_is_never_loaded_unless_its_write_finished(lighthouse, groups, tmp_path):
     """The step waits only for the copy; the folder is published after the background write, at the
-    next step. A group killed with a save in flight leaves that folder unpublished, and the next
-    start resumes from the newest published one."""
+    next step. A group killed with a save in flight leaves that folder unpublished; the next start
+    removes it and resumes from the newest published one."""
     events_dir, ckpt = tmp_path / "events", tmp_path / "ckpt"
     args = job_args(lighthouse, tmp_path, 1, 10_000, "--checkpoint-dir", str(ckpt), "--checkpoint-every", "3",
                     "--step-sleep-s", "0.3")
@@ -146,6 +146,7 @@ def test_a_checkpoint_written_off_the_step_is_never_loaded_unless_its_write_fini
     second.stop()
     start = next(e for e in read_events(events_dir) if e["type"] == "start" and e["ts"] >= restarted_at)
     assert start["resumed_step"] == int(published[-1].name.removeprefix("step-"))
+    assert not in_flight[0].exists(), "the restart left the unfinished save's folder behind"
 
 
 def test_max_norm_clips_every_group_by_the_same_global_norm(lighthouse, groups, tmp_path):

@@ -6,10 +6,12 @@ manifest with the size and SHA-256 of every file and renames the folder to ``ste
 A folder without a manifest, or whose files do not match it, is never loaded: the loader
 warns and falls back to the next newest.
 
-Off the step (the default): ``dcp.async_save`` with its thread executor. The step stalls only
-while the state is copied (staged) into CPU memory; the files are written by a background
-thread whose collectives run on a process group of their own, so they never interleave with
-FSDP's. The checkpoint is published when the write has finished, at the next :meth:`poll`
+Off the step (the default): ``dcp.async_save`` with its thread executor. The state is copied
+(staged) into CPU memory by a staging thread while the next step computes, and the files are
+written by a background thread whose collectives run on a process group of their own, so they
+never interleave with FSDP's. The copy must be complete before anything changes the state in
+place: the trainer calls :meth:`Checkpointer.fence` before its optimizer step and before a heal
+loads a peer's state, and the step stalls only if the copy is not done by then. The checkpoint is published when the write has finished, at the next :meth:`poll`
 after it (every step polls); a group that dies before that leaves an unpublished folder, which
 is never loaded. One save is in flight at a time: a save due while the previous one still
 writes waits for it (that wait is part of the step's stall). torchtitan's async mode stages
@@ -35,6 +37,7 @@ from typing import Any, Callable
 
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 
 MANIFEST = "manifest.json"
@@ -154,7 +157,21 @@ class Checkpointer:
         self.state = state
         self.restore = restore
         self.writes_group = dist.new_group(backend="gloo", timeout=timeout) if asynchronous else None
+        self.stager = DefaultStager(StagingOptions(use_pinned_memory=False, use_shared_memory=False,
+                                                   use_async_staging=True, use_non_blocking_copy=False)
+                                    ) if asynchronous else None
         self._in_flight: _InFlight | None = None
+        self._staged: Future | None = None
+
+    def _staging(self, final: Path) -> Path:
+        return self.root / f".{final.name}.tmp-g{self.group}"
+
+    def _clear_unpublished(self) -> None:
+        """Remove this group's folders of saves that never finished (a crash mid-write): a save
+        writes into its folder without emptying it first, so no earlier try may be left there."""
+        if self.root.is_dir():
+            for folder in self.root.glob(f".step-*.tmp-g{self.group}"):
+                shutil.rmtree(folder, ignore_errors=True)
 
     def due(self, step: int) -> bool:
         return step % self.every == 0
@@ -166,23 +183,37 @@ class Checkpointer:
         start = time.perf_counter()
         done = self.wait()
         final = self.root / step_dir_name(step)
-        staging = self.root / f".{final.name}.tmp-g{self.group}"
+        staging = self._staging(final)
+        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
         if dist.get_rank() == 0:
-            self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
             with contextlib.suppress(PermissionError):  # a shared folder of another owner keeps its mode
                 os.chmod(self.root, 0o700)  # the model and optimizer: this user's alone
-            shutil.rmtree(staging, ignore_errors=True)
-            staging.mkdir()
-        dist.barrier()
+        staging.mkdir(exist_ok=True)
         if self.writes_group is None:
             dcp.save(self.state(), checkpoint_id=staging)
             stall = time.perf_counter() - start
             return stall, [*done, self._complete(step, staging, final, start, stall)]
-        written = dcp.async_save(self.state(), checkpoint_id=staging, process_group=self.writes_group,
-                                 async_checkpointer_type=AsyncCheckpointerType.THREAD)
+        response = dcp.async_save(self.state(), checkpoint_id=staging, process_group=self.writes_group,
+                                  async_checkpointer_type=AsyncCheckpointerType.THREAD,
+                                  async_stager=self.stager)
         stall = time.perf_counter() - start
-        self._in_flight = _InFlight(step, staging, final, start, stall, written)
+        self._staged = response.staging_completion
+        self._in_flight = _InFlight(step, staging, final, start, stall, response.upload_completion)
         return stall, done
+
+    def fence(self) -> float:
+        """Wait until the save in flight holds its own copy of the state. Call it before anything
+        changes the state in place (an optimizer step, a heal's load): a change before would reach
+        the checkpoint. Returns the seconds waited, a stall of the step (counted in the save's too)."""
+        staged, self._staged = self._staged, None
+        if staged is None:
+            return 0.0
+        began = time.perf_counter()
+        staged.result()
+        waited = time.perf_counter() - began
+        if self._in_flight is not None:
+            self._in_flight.stall_s += waited
+        return waited
 
     def poll(self) -> list[Saved]:
         """The save in flight when its write has finished (published by rank 0), else nothing.
@@ -193,6 +224,7 @@ class Checkpointer:
 
     def wait(self) -> list[Saved]:
         """Wait for the save in flight, if any, and publish it."""
+        self._staged = None  # written implies staged
         in_flight, self._in_flight = self._in_flight, None
         if in_flight is None:
             return []
@@ -247,6 +279,9 @@ class Checkpointer:
         unpublished, as a crash would leave it) and free the writes' group."""
         done = self.wait() if finish else []
         self._in_flight = None
+        if self.stager is not None:
+            self.stager.close()
+            self.stager = None
         if self.writes_group is not None:
             dist.destroy_process_group(self.writes_group)
             self.writes_group = None
@@ -258,6 +293,7 @@ class Checkpointer:
         pick: list[Found | str | None] = [None]
         if dist.get_rank() == 0:
             try:
+                self._clear_unpublished()
                 pick[0] = newest_complete(self.root, warn)
             except OSError as err:
                 pick[0] = f"cannot read the checkpoints in {self.root}: {err}"

@@ -176,7 +176,7 @@ class RankTrainer:
         self.beacon = ProgressBeacon(cfg.events_dir, cfg.group, self.rank)
         self.injected = InjectedFaults(cfg.events_dir, cfg.group)
 
-        self.manager, self.transport = build_manager(cfg, self.live.load_state_dict, self.live.state_dict)
+        self.manager, self.transport = build_manager(cfg, self._load_live, self.live.state_dict)
         self.manager.load_state_dict(self.manager_state)
         self.internals = ManagerInternals(self.manager)
         self.replicate = ReplicateAllReduce(self.manager, self.beacon, defer=cfg.sdc_check, tamper=self.injected.corrupt)
@@ -229,6 +229,16 @@ class RankTrainer:
         if self.rank == 0:
             print(f"[group {self.cfg.group}] {message}", flush=True)
 
+    def _fence(self) -> None:
+        """Before the state changes in place: a checkpoint in flight must hold its copy first."""
+        if self.checkpointer is not None:
+            self.checkpoint_stall_s += self.checkpointer.fence()
+
+    def _load_live(self, state: dict) -> None:
+        """A heal: a peer's state, loaded in place (after the fence)."""
+        self._fence()
+        self.live.load_state_dict(state)
+
     def _restore_checkpoint(self, state: dict) -> None:
         self.live.restore_checkpoint(state)
         self.manager_state = dict(state["torchft"])  # the step count and batches committed
@@ -275,6 +285,7 @@ class RankTrainer:
         commit_start = time.perf_counter()
         self.beacon.enter("commit")
         if manager.should_commit() and apply:
+            self._fence()
             self.optimizer.step()
         commit_s = time.perf_counter() - commit_start
         self.beacon.enter("compute")
