@@ -1,4 +1,4 @@
-"""Headless Chromium through selenium, as the page tests drive it."""
+"""Headless Chromium through selenium, as the page tests and bench/scale.py drive it."""
 
 from __future__ import annotations
 

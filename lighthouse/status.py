@@ -30,7 +30,7 @@ def _required(pattern: str, text: str, what: str) -> re.Match:
 _MEMBER = re.compile(
     r'<div class="member\s*(?P<recovering>recovering)?\s*">\s*<b>(?P<id>[^<]+)</b>\s*<br/>\s*'
     r"Step:\s*(?P<step>-?\d+)\s*<br/>\s*Manager:\s*(?P<manager>\S+)\s*<br/>\s*"
-    r"TCPStore:\s*(?P<store>\S+)\s*<br/>\s*World size:\s*(?P<world>\d+)",
+    r"TCPStore:\s*(?P<store>\S*)\s*<br/>\s*World size:\s*(?P<world>\d+)",
     re.S,
 )
 _HEARTBEAT = re.compile(

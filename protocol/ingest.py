@@ -43,3 +43,5 @@ class IngestResult(BaseModel):
     duplicates: int = Field(0, description="events whose eid was stored already (a retry): stored once")
     reasons: list[str] = Field(default_factory=list, max_length=MAX_REASONS,
                                description="why the first rejected events were refused, one line each")
+    agent_registered: bool = Field(True, description="whether the control plane knows the group's agent "
+                                   "address; false: the agent registers again (protocol/registration.py)")

@@ -29,6 +29,7 @@ from pydantic import BaseModel, Field
 
 from protocol import defaults
 from protocol.agent import HEALTH_PATH as AGENT_HEALTH_PATH
+from protocol.registration import AGENTS_PATH, AgentList
 from protocol.lifetime import die_with_parent
 from protocol.lighthouse import HEALTH_PATH as LIGHTHOUSE_HEALTH_PATH
 from protocol.tokens import TOKEN_VARIABLES, group_token
@@ -201,6 +202,22 @@ class LocalJob:
         raise StartupError(f"{child.name} did not answer {url} within {self.cfg.startup_timeout_s:.0f}s "
                            f"(log: {child.log})")
 
+    def _wait_registered(self, groups: int) -> None:
+        """Until the control plane knows every agent's address: each registers itself when it starts."""
+        deadline = time.monotonic() + self.cfg.startup_timeout_s
+        missing: set[int] = set(range(groups))
+        while time.monotonic() < deadline:
+            try:
+                listed = AgentList.model_validate(httpx.get(f"{self.cfg.api}{AGENTS_PATH}", timeout=PROBE_TIMEOUT_S).json())
+                missing = set(range(groups)) - {a.group for a in listed.agents}
+            except (httpx.HTTPError, ValueError):
+                pass
+            if not missing:
+                return
+            time.sleep(POLL_S)
+        raise StartupError(f"the agents of groups {sorted(missing)} did not register with the control plane within "
+                           f"{self.cfg.startup_timeout_s:.0f}s (logs: {self.cfg.state_dir / 'logs'})")
+
     def start(self) -> None:
         cfg, py = self.cfg, sys.executable
         lighthouse = self._spawn("lighthouse", [
@@ -210,11 +227,10 @@ class LocalJob:
             "--api-port", str(self.lighthouse_api_port)])
         self._wait_http(lighthouse, f"{self.lighthouse_api}{LIGHTHOUSE_HEALTH_PATH}")
 
-        agents = {g: self.agent_url(g) for g in range(cfg.groups)}
         control = self._spawn("controlplane", [
             py, "-m", "service.controlplane", "--host", cfg.host, "--port", str(cfg.port),
             "--db", str(cfg.state_dir / "control.db"), "--groups", str(cfg.groups),
-            "--ranks-per-group", str(cfg.ranks_per_group), "--agents", json.dumps(agents),
+            "--ranks-per-group", str(cfg.ranks_per_group),
             "--lighthouse-api", self.lighthouse_api, "--straggler-policy", cfg.straggler_policy,
             "--straggler-factor", str(cfg.straggler_factor)])
         self._wait_http(control, f"{cfg.api}/healthz")
@@ -236,6 +252,8 @@ class LocalJob:
             self._spawn(f"agent{g}", argv)
         for g, child in zip(range(cfg.groups), self.children[2:]):
             self._wait_http(child, f"{self.agent_url(g)}{AGENT_HEALTH_PATH}")
+        self._wait_registered(cfg.groups)
+        agents = {g: self.agent_url(g) for g in range(cfg.groups)}
         Connection(cfg.api, self.token).save(cfg.state_dir, lighthouse=self.lighthouse_url,
                                              lighthouse_api=self.lighthouse_api, agents=agents)
 

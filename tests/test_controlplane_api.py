@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import os
@@ -13,9 +14,14 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
+from protocol.events import parse_event
+from protocol.registration import agent_path
 from protocol.tokens import group_token
 from service.agent.config import AgentSettings
-from service.controlplane.app import create_app
+from protocol.ingest import IngestBatch
+from service.controlplane.app import build_services, create_app
+from service.controlplane.errors import Overloaded
+from service.controlplane.ingest import IngestWriter
 from service.controlplane.db import MIGRATIONS, SCHEMA_VERSION, SchemaTooNew, Store
 from service.controlplane.settings import ControlPlaneSettings
 from protocol.torchrun import free_port
@@ -25,9 +31,18 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
 def settings(db: Path, **overrides) -> ControlPlaneSettings:
-    nowhere = f"http://127.0.0.1:{free_port()}"
     return ControlPlaneSettings(token=TOKEN, db=db, groups=2, ranks_per_group=2, allowed_hosts=["testserver"],
-                                agents={0: nowhere, 1: nowhere}, lighthouse_api=nowhere, **overrides)
+                                lighthouse_api=f"http://127.0.0.1:{free_port()}", **overrides)
+
+
+def register_nowhere(api: TestClient, groups=(0, 1)) -> str:
+    """Agents of ``groups`` registered at an address nothing answers, each with its group's token."""
+    nowhere = f"http://127.0.0.1:{free_port()}"
+    for g in groups:
+        answer = api.put(agent_path(g), json={"url": nowhere, "ranks_per_group": 2},
+                         headers={"Authorization": f"Bearer {group_token(TOKEN, g)}"})
+        assert answer.status_code == 200, answer.text
+    return nowhere
 
 
 @pytest.fixture
@@ -38,6 +53,7 @@ def db(tmp_path) -> Path:
 @pytest.fixture
 def api(db):
     with TestClient(create_app(settings(db)), base_url="http://127.0.0.1") as client:
+        register_nowhere(client)
         yield client
 
 
@@ -202,8 +218,21 @@ def test_unknown_group_is_404(api):
     assert api.post("/api/v1/groups/7/kill", headers=AUTH).status_code == 404
     assert api.post("/api/v1/groups/7/rejoin", headers=AUTH).status_code == 404
     assert api.post("/api/v1/drills", json={"kind": "kill-heal", "group": 7}, headers=AUTH).status_code == 404
-    assert api.post("/api/v1/ingest/7", json={"events": []}, headers=AUTH).status_code == 404
     assert api.get("/api/v1/drills/99").status_code == 404
+
+
+def test_a_group_joins_the_job_by_registering_or_posting_events_up_to_max_groups(api):
+    """Nothing lists the groups in advance: a new group number joins with its agent's first word."""
+    assert api.post("/api/v1/ingest/7", json={"events": []}, headers=AUTH).json()["agent_registered"] is False
+    assert api.get("/api/v1/groups/7").json()["state"] == "unknown"
+    register_nowhere(api, groups=[9])
+    assert [g["group"] for g in api.get("/api/v1/groups").json()] == [0, 1, 7, 9]
+    assert {a["group"] for a in api.get("/api/v1/agents").json()["agents"]} == {0, 1, 9}
+    assert api.post("/api/v1/ingest/9", json={"events": []}, headers=AUTH).json()["agent_registered"] is True
+    assert 'ftctl_commits_total{group="9"} 0.0' in api.get("/metrics").text
+    beyond = api.post("/api/v1/ingest/4096", json={"events": []}, headers=AUTH)
+    assert beyond.status_code == 409 and "--max-groups 4096" in beyond.json()["detail"]
+    assert api.get("/api/v1/groups/4096").status_code == 404
 
 
 def test_state_conflicts_are_409_and_change_nothing(api):
@@ -444,3 +473,41 @@ def test_goodput_takes_delta_from_the_measured_checkpoint_stall_unless_told(db):
         assert told["this service (measured)"]["delta_s"] == told["classic restart"]["delta_s"] == 5
         metrics = api.get("/metrics").text
         assert 'ftctl_checkpoint_stall_seconds_bucket{le="0.025"} 1.0' in metrics
+
+
+def test_events_past_retention_are_deleted_and_the_newest_kept(db):
+    store = Store(db)
+    now = time.time()
+    old = [trainer_event("quorum", 0, now - 100, quorum_id=1, previous_quorum_id=0, step=i, participants=1)
+           for i in range(3)]
+    fresh = [trainer_event("quorum", 0, now - i, quorum_id=1, previous_quorum_id=0, step=10 + i, participants=1)
+             for i in range(5)]
+    store.add_events([parse_event(json.dumps(e)) for e in old + fresh])
+    assert store.prune_events(older_than=now - 50, keep_rows=3) == 3 + 2
+    assert [e["step"] for e in store.events(limit=100)] == [12, 13, 14]
+    store.close()
+
+
+def test_a_post_past_the_writers_queue_is_refused_at_once_and_the_queued_ones_are_stored(db):
+    """A store that is behind answers 503 to new posts (the agents keep their events and back off)
+    rather than queueing every retry; what was queued is stored, each batch answered."""
+    services = build_services(settings(db))
+    writer = IngestWriter(services.ingest, linger_s=0.0, max_queued_events=4)
+
+    async def run():
+        batch = lambda g, n: IngestBatch(events=[trainer_event("quorum", g, time.time(), quorum_id=1,  # noqa: E731
+                                                               previous_quorum_id=0, step=i, participants=1)
+                                                 for i in range(n)])
+        first, second = (asyncio.ensure_future(writer.submit(g, batch(g, 2))) for g in (0, 1))
+        await asyncio.sleep(0)
+        with pytest.raises(Overloaded):
+            await writer.submit(0, batch(0, 1))
+        task = asyncio.ensure_future(writer.run())
+        answers = await asyncio.gather(first, second)
+        task.cancel()
+        return answers
+
+    answers = asyncio.run(run())
+    assert [a.accepted for a in answers] == [2, 2]
+    assert len(services.store.events(limit=100)) == 4
+    services.store.close()

@@ -19,7 +19,7 @@ def step(ts: float, step_: int) -> StepEvent:
 
 def test_a_forced_kill_answered_after_the_agents_own_restart_does_not_hide_it(tmp_path):
     store = Store(tmp_path / "control.db")
-    board = GroupBoard(store, groups=1)
+    board = GroupBoard(store, groups=[0])
     board.observe(step(KILL_SENT - 1.0, 30))
     board.observe(ProcessEvent(ts=KILL_SENT + 0.035, group=0, action="killed", pid=7574, returncode=-9))
     board.observe(ProcessEvent(ts=KILL_SENT + 0.036, group=0, action="started", pid=7670, detail="cold start"))
@@ -27,13 +27,13 @@ def test_a_forced_kill_answered_after_the_agents_own_restart_does_not_hide_it(tm
     assert board.views[0].state == "starting"
     board.observe(step(KILL_SENT + 9.0, 36))
     assert board.views[0].state == "training"
-    restored = GroupBoard(store, groups=1)
+    restored = GroupBoard(store, groups=[0])
     assert restored.views[0].state == "training", "the store holds what the board showed"
 
 
 def test_a_forced_state_newer_than_every_event_is_shown_and_stored(tmp_path):
     store = Store(tmp_path / "control.db")
-    board = GroupBoard(store, groups=1)
+    board = GroupBoard(store, groups=[0])
     board.observe(step(KILL_SENT - 1.0, 30))
     forced = board.force(0, "down", "killed", since=KILL_SENT)
     assert forced is not None and (board.views[0].state, board.views[0].down_reason) == ("down", "killed")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from protocol.lighthouse import Heartbeat, LighthouseStatus, NextQuorum
-from service.controlplane.liveness import beating_groups, lost_groups
+from service.controlplane.liveness import beating_groups, lost_groups, quiet_groups
 
 NOW = 1_800_000_000.0
 
@@ -25,3 +25,10 @@ def test_a_restarted_groups_new_heartbeat_speaks_for_it_beside_its_old_stale_one
     beating = beating_groups(status((1, True), (1, False), (None, False)))
     assert beating == {1}
     assert lost_groups(NOW, {1: NOW - 10}, beating, lost_after_s=3) == set()
+
+
+def test_only_the_agents_of_quiet_groups_are_asked():
+    """A group whose events keep arriving has an agent that forwards them: asking it is waste."""
+    heard = {0: NOW - 0.2, 1: NOW - 1.5, 2: None, 3: NOW - 1.0}
+    assert quiet_groups(NOW, heard, quiet_s=1.0) == {1, 2, 3}
+    assert quiet_groups(NOW, heard, quiet_s=2.0) == {2}

@@ -20,7 +20,7 @@ import httpx
 import psutil
 import pytest
 
-from browser import chromium, quietly
+from bench.browser import chromium, quietly
 from cluster import REPO, wait_for
 from dashboards.quorum import panel_queries
 from processes import Owner
@@ -155,9 +155,14 @@ def test_web_page_kill_and_heal_in_chromium(live, kill_heal_drill):
         wait_for(quietly(lambda: not card().find_element(By.CSS_SELECTOR, "button.rejoin").get_attribute("disabled")), 10,
                  "the rejoin button")
         card().find_element(By.CSS_SELECTOR, "button.rejoin").click()
-        wait_for(quietly(lambda: card().get_attribute("data-state") == "training"
-                         and (groups(live.api)[1]["last_heal"] or {}).get("ts", 0) > clicked_at), 240,
-                 "group 1 to come back healed on the page")
+        # back with the survivor: healed from it, or (when the survivor waited at the step it had
+        # just checkpointed, for the rejoining group to join) resumed from that checkpoint
+        wait_for(quietly(lambda: card().get_attribute("data-state") == "training" and any(
+            e["committed"] and e["participants"] == 2 and e["rank"] == 0 for e in live.api.get(
+                "/api/v1/events", params={"type": "step", "group": 1, "since": clicked_at}).json()["events"])), 240,
+                 "group 1 to come back on the page and train beside group 0")
+        caught_up = live.api.get("/api/v1/events", params={"type": ["heal", "start"], "group": 1, "since": clicked_at}).json()
+        assert any(e["type"] == "heal" or e.get("resumed_step") for e in caught_up["events"]), caught_up
         wait_for(quietly(lambda: "healed at step" in driver.find_element(By.ID, "events").text), 30,
                  "the heal in the timeline")
         assert "last heal: step" in card().text

@@ -15,7 +15,7 @@ import httpx
 import psutil
 import pytest
 
-from browser import chromium, quietly
+from bench.browser import chromium, quietly
 from cluster import wait_for
 from service.proctree import process_tree
 from up_job import AUTH, agent_auth, all_training, ftctl, ftctl_up, groups, json_out

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import socket
 import sys
 
 import uvicorn
@@ -16,7 +17,15 @@ def main() -> int:
     settings = parse_settings(AgentSettings, "agent", sys.argv[1:])
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s agent[{settings.group}] %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="warning")
+    try:
+        listener = socket.create_server((settings.host, settings.port),
+                                        family=socket.AF_INET6 if ":" in settings.host else socket.AF_INET)
+    except OSError as err:
+        print(f"agent: cannot listen on {settings.host}:{settings.port}: {err}; pick another --port", file=sys.stderr)
+        return 2
+    settings.port = listener.getsockname()[1]  # with --port 0, the one picked: the URL it registers
+    server = uvicorn.Server(uvicorn.Config(create_app(settings), log_level="warning"))
+    server.run(sockets=[listener])
     return 0
 
 

@@ -13,6 +13,7 @@ from protocol.files import write_model
 from protocol.injection import InjectRequest, InjectResult, Injection, injection_file_name, read_injection
 from protocol.lighthouse import lighthouse_unreachable
 from protocol.quarantine import take_quarantine
+from protocol.registration import AgentRegistration
 from service.agent.config import AgentSettings
 from service.agent.forwarder import EventForwarder
 from service.agent.spare import WarmSpare
@@ -65,7 +66,9 @@ class Agent:
         forwarder = EventForwarder(settings.group, settings.events_dir, settings.control_plane, settings.token,
                                    settings.buffer_capacity, settings.forward_interval_s, settings.forward_batch,
                                    settings.forward_timeout_s,
-                                   on_step=(lambda e: watchdog.stepped(e.step_s)) if watchdog else lambda e: None)
+                                   on_step=(lambda e: watchdog.stepped(e.step_s)) if watchdog else lambda e: None,
+                                   registration=AgentRegistration(url=settings.api_url(),
+                                                                  ranks_per_group=settings.ranks_per_group))
         return cls(settings, forwarder, supervisor, spare, watchdog, zygote)
 
     def open(self) -> None:

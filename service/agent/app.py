@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from contextlib import asynccontextmanager
+from urllib.parse import urlsplit
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
@@ -37,7 +38,8 @@ def create_app(settings: AgentSettings) -> FastAPI:
         return JSONResponse(status_code=409, content={"detail": str(err)})
 
     accepted = [settings.token]
-    guard(app, lambda path: accepted, [*settings.allowed_hosts, settings.host, settings.advertise_host or settings.host])
+    guard(app, lambda path: accepted, [*settings.allowed_hosts, settings.host, settings.advertise_host or settings.host,
+                                       urlsplit(settings.api_url()).hostname or settings.host])
     app.include_router(routes.router)
     app.include_router(routes.commands, dependencies=[Depends(require_token(lambda path: accepted))])
     return app

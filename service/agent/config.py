@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
-from pydantic import AliasChoices, Field, model_validator
+from pydantic import AliasChoices, AnyHttpUrl, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from protocol import defaults
 from protocol.tokens import group_token, strong_token
 from service.agent.supervisor import STOP_TIMEOUT_S
 from service.agent.watchdog import WatchdogSettings
+
+WILDCARDS = ("0.0.0.0", "::", "")
+"""Bind addresses that name no host another process could call."""
 
 
 class AgentSettings(BaseSettings):
@@ -33,6 +37,9 @@ class AgentSettings(BaseSettings):
                                      "loopback, --host and --advertise-host (its pod's address in Kubernetes)")
     port: int = Field(0, ge=0, le=65535, description="port of this agent's HTTP API; 0 picks a free one")
     advertise_host: str | None = Field(None, description="address other groups reach this group at (default loopback)")
+    advertise_url: AnyHttpUrl | None = Field(None, description="this agent's API as the control plane reaches it, "
+                                             "registered there (default http://ADVERTISE_HOST:PORT; with neither "
+                                             "that nor a bind address of its own, this host's address)")
     state_dir: Path = Field(Path("ftstate"), description="events/, logs/ and checkpoints/ live here")
     trainer_args: list[str] = Field(default_factory=list, description="extra trainer flags, as a JSON list")
     autostart: bool = Field(True, description="start the group when the agent starts")
@@ -73,6 +80,15 @@ class AgentSettings(BaseSettings):
     def watchdog_settings(self) -> WatchdogSettings:
         return WatchdogSettings(self.watchdog_interval_s, self.watchdog_silence_s, self.watchdog_floor_s,
                                 self.watchdog_factor, self.watchdog_min_steps, self.watchdog_checkpoint_s)
+
+    def api_url(self) -> str:
+        """The URL this agent registers (``port`` is the bound one by now, never 0)."""
+        if self.advertise_url is not None:
+            return str(self.advertise_url).rstrip("/")
+        host = self.advertise_host or self.host
+        if host in WILDCARDS:
+            host = socket.gethostbyname(socket.gethostname())
+        return f"http://{f'[{host}]' if ':' in host else host}:{self.port}"
 
     @property
     def events_dir(self) -> Path:

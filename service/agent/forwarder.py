@@ -38,6 +38,8 @@ from protocol.events import (
 )
 from protocol.files import read_model, write_model
 from protocol.ingest import IngestBatch, IngestResult, ingest_path
+from protocol.registration import AgentRegistration
+from service.agent.registrar import Registrar
 
 log = logging.getLogger("agent.forwarder")
 JOIN_TIMEOUT_S = 10.0
@@ -70,8 +72,10 @@ class _Read:
 class EventForwarder:
     def __init__(self, group: int, events_dir: Path, control_plane: str | None, token: str,
                  capacity: int, interval_s: float, batch: int, timeout_s: float,
-                 on_step: Callable[[StepEvent], None] = lambda step: None):
-        """``on_step`` hears every committed step the group's rank 0 writes."""
+                 on_step: Callable[[StepEvent], None] = lambda step: None,
+                 registration: AgentRegistration | None = None):
+        """``on_step`` hears every committed step the group's rank 0 writes; with ``registration``
+        the agent registers with the control plane from this thread (``service/agent/registrar.py``)."""
         self.group = group
         self.on_step = on_step
         self.events_dir = events_dir
@@ -96,6 +100,8 @@ class EventForwarder:
         self._stop = threading.Event()
         self._client = httpx.Client(timeout=timeout_s, headers={"Authorization": f"Bearer {token}"})
         self._thread = threading.Thread(target=self._run, name="event-forwarder", daemon=True)
+        self.registrar = Registrar(group, control_plane, registration, MAX_BACKOFF_S) \
+            if registration is not None and control_plane else None
 
     @property
     def dropped(self) -> int:
@@ -214,9 +220,11 @@ class EventForwarder:
                 detail = response.text[:200]
             return response.status_code, detail
         try:
-            IngestResult.model_validate(response.json())
+            result = IngestResult.model_validate(response.json())
         except ValueError as err:
             return None, f"an answer that is no ingest result: {err}"
+        if not result.agent_registered and self.registrar is not None:
+            self.registrar.forget()
         return response.status_code, ""
 
     def _back_off(self, why: str) -> None:
@@ -234,6 +242,8 @@ class EventForwarder:
 
     def _run(self) -> None:
         while not self._stop.is_set():
+            if self.registrar is not None:
+                self.registrar.tick(self._client)
             self._read_new()
             self._ship()
             self._stop.wait(self.interval_s)

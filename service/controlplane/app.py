@@ -15,6 +15,7 @@ from protocol.auth import require_token
 from protocol.tokens import group_token
 from protocol.http_guard import guard
 from protocol.ingest import ingest_group
+from protocol.registration import agent_group
 from service.controlplane import errors, goodput
 from service.controlplane.agents import AgentClient
 from service.controlplane.bus import EventBus
@@ -23,11 +24,13 @@ from service.controlplane.deps import Services
 from service.controlplane.drills import DrillRunner
 from service.controlplane.group_control import GroupControl
 from service.controlplane.groups import GroupBoard
-from service.controlplane.ingest import Ingestor
+from service.controlplane.ingest import Ingestor, IngestWriter
 from service.controlplane.lighthouse import LighthouseClient
 from service.controlplane.liveness import LivenessMonitor
 from service.controlplane.metrics import JobMetrics, StateCollector
-from service.controlplane.routers import drills, events, goodput as goodput_router, groups, health, quorum, sdc, stragglers
+from service.controlplane.registry import AgentRegistry
+from service.controlplane.retention import prune_forever
+from service.controlplane.routers import agents as agents_router, drills, events, goodput as goodput_router, groups, health, quorum, sdc, stragglers
 from service.controlplane.settings import ControlPlaneSettings
 from service.controlplane.straggler_policy import StragglerResponder
 from service.controlplane.stragglers import StragglerTracker
@@ -36,20 +39,23 @@ from service.controlplane.stragglers import StragglerTracker
 def build_services(settings: ControlPlaneSettings) -> Services:
     store = Store(settings.db)
     store.fail_running_drills("interrupted: the control plane restarted while it ran")
-    board = GroupBoard(store, settings.groups)
+    registered = [row["grp"] for row in store.agents()]
+    board = GroupBoard(store, [*range(settings.groups), *registered])
     bus = EventBus(settings.listener_capacity)
-    metrics = JobMetrics(settings.groups)
+    metrics = JobMetrics(board.views)
+    registry = AgentRegistry(store, board, metrics)
     tracker = StragglerTracker(settings.straggler_window, settings.straggler_factor, settings.straggler_policy,
                                flagged=next((g for g, v in board.views.items() if v.straggler), None))
-    agents = AgentClient(settings.agents, settings.token, settings.agent_timeout_s)
+    agents = AgentClient(registry.urls, settings.token, settings.agent_timeout_s)
     control = GroupControl(agents, board)
     lighthouse = LighthouseClient(settings.lighthouse_api, settings.lighthouse_timeout_s, settings.token)
     metrics.registry.register(StateCollector(board, store, metrics, tracker, project=lambda: goodput.projection(
         store, board.median_step_s(), settings.classic_recovery_json, list(goodput.DEFAULT_GPUS),
         goodput.Assumptions())))
+    ingest = Ingestor(store, board, metrics, bus, tracker, settings.max_clock_skew_s, settings.max_event_age_s)
     return Services(
-        settings=settings, store=store, board=board, bus=bus, ingest=Ingestor(store, board, metrics, bus, tracker, settings.max_clock_skew_s, settings.max_event_age_s),
-        agents=agents, control=control, drills=DrillRunner(settings, store, bus, control, agents, lighthouse, tracker),
+        settings=settings, store=store, board=board, bus=bus, ingest=ingest, writer=IngestWriter(ingest),
+        agents=agents, registry=registry, control=control, drills=DrillRunner(settings, store, bus, control, agents, lighthouse, tracker),
         lighthouse=lighthouse, stragglers=tracker,
         metrics_registry=metrics.registry,
     )
@@ -61,8 +67,10 @@ def create_app(settings: ControlPlaneSettings) -> FastAPI:
         services = build_services(settings)
         app.state.services = services
         monitor = LivenessMonitor(services.board, services.agents, services.lighthouse, services.ingest,
-                                  settings.liveness_interval_s, settings.lost_after_s)
-        background = [asyncio.create_task(monitor.run()),
+                                  settings.liveness_interval_s, settings.lost_after_s, services.registry.heard_at)
+        background = [asyncio.create_task(services.writer.run()), asyncio.create_task(monitor.run()),
+                      asyncio.create_task(prune_forever(services.store, settings.event_retention_s,
+                                                        settings.event_retention_rows)),
                       asyncio.create_task(StragglerResponder(services.bus, services.control).run())]
         yield
         for task in background:
@@ -89,13 +97,17 @@ def create_app(settings: ControlPlaneSettings) -> FastAPI:
         return FileResponse(static / "index.html")
 
     def accepted(path: str) -> list[str]:
-        """The job's token; on a group's ingest path also that group's agent token."""
+        """The job's token; on a group's ingest and registration paths also that group's agent token."""
         group = ingest_group(path)
+        if group is None:
+            group = agent_group(path)
         return [settings.token] if group is None else [settings.token, group_token(settings.token, group)]
 
     guard(app, accepted, [*settings.allowed_hosts, settings.host], settings.max_body_bytes)
     auth = [Depends(require_token(accepted))]
     app.include_router(health.router)
+    app.include_router(agents_router.router)
+    app.include_router(agents_router.mutating, dependencies=auth)
     app.include_router(quorum.router)
     app.include_router(groups.router)
     app.include_router(groups.mutating, dependencies=auth)

@@ -63,6 +63,15 @@ MIGRATIONS: list[str] = [
     CREATE UNIQUE INDEX events_by_eid ON events (eid) WHERE eid IS NOT NULL;
     ALTER TABLE ingest_stats ADD COLUMN duplicates INTEGER NOT NULL DEFAULT 0;
     """,
+    """
+    CREATE TABLE agents (
+        grp INTEGER PRIMARY KEY,
+        url TEXT NOT NULL,
+        ranks_per_group INTEGER,
+        registered REAL NOT NULL,
+        renewed REAL NOT NULL
+    );
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -155,6 +164,15 @@ class Store:
                           [*args, limit])
         return [{"id": r["id"], **json.loads(r["body"])} for r in rows]
 
+    def prune_events(self, older_than: float, keep_rows: int) -> int:
+        """Delete events stamped before ``older_than`` and all but the newest ``keep_rows``; returns
+        how many went. Transitions and drill reports stay: they are small and the board's history."""
+        with self.transaction():
+            gone = self._conn.execute("DELETE FROM events WHERE ts < ?", (older_than,)).rowcount
+            gone += self._conn.execute("DELETE FROM events WHERE id <= (SELECT MAX(id) FROM events) - ?",
+                                       (keep_rows,)).rowcount
+        return gone
+
     def newest_events(self, type_: str, limit: int) -> list[Event]:
         """The newest ``limit`` events of a type, oldest first."""
         rows = self._rows("SELECT body FROM events WHERE type = ? ORDER BY id DESC LIMIT ?", [type_, limit])
@@ -199,6 +217,17 @@ class Store:
         return {r["grp"]: {"agent_dropped": r["agent_dropped"], "rejected": r["rejected"],
                            "duplicates": r["duplicates"]}
                 for r in self._rows("SELECT * FROM ingest_stats")}
+
+    # --- agents
+    def register_agent(self, group: int, url: str, ranks_per_group: int | None, now: float) -> dict:
+        """Record (or renew) the group's agent address; returns its row."""
+        self._write("INSERT INTO agents (grp, url, ranks_per_group, registered, renewed) VALUES (?, ?, ?, ?, ?) "
+                    "ON CONFLICT(grp) DO UPDATE SET url = excluded.url, ranks_per_group = excluded.ranks_per_group, "
+                    "renewed = excluded.renewed", (group, url, ranks_per_group, now, now))
+        return dict(self._rows("SELECT * FROM agents WHERE grp = ?", [group])[0])
+
+    def agents(self) -> list[dict]:
+        return [dict(r) for r in self._rows("SELECT * FROM agents ORDER BY grp")]
 
     # --- drills
     def create_drill(self, kind: str, group: int | None, report: dict) -> int:

@@ -5,19 +5,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated
 
-from fastapi import Depends, Request
+from fastapi import Depends, Path, Request
 from prometheus_client import CollectorRegistry
 
+from protocol.events import INT64_MAX
 from protocol.tokens import bearer, token_accepted
 from service.controlplane.agents import AgentClient
 from service.controlplane.bus import EventBus
 from service.controlplane.db import Store
 from service.controlplane.drills import DrillRunner
-from service.controlplane.errors import UnknownGroup
+from service.controlplane.errors import TooManyGroups, UnknownGroup
 from service.controlplane.group_control import GroupControl
 from service.controlplane.groups import GroupBoard, GroupView
-from service.controlplane.ingest import Ingestor
+from service.controlplane.ingest import Ingestor, IngestWriter
 from service.controlplane.lighthouse import LighthouseClient
+from service.controlplane.registry import AgentRegistry
 from service.controlplane.models import GroupOut, HealOut, SdcIncidentOut, StragglerOut, TransitionOut
 from service.controlplane.settings import ControlPlaneSettings
 from service.controlplane.stragglers import StragglerTracker
@@ -30,7 +32,9 @@ class Services:
     board: GroupBoard
     bus: EventBus
     ingest: Ingestor
+    writer: IngestWriter
     agents: AgentClient
+    registry: AgentRegistry
     control: GroupControl
     drills: DrillRunner
     lighthouse: LighthouseClient
@@ -49,8 +53,20 @@ def find_group(s: Services, group: int) -> GroupView:
     """The group's view, or an UnknownGroup (404) that lists the groups there are."""
     views = s.board.views
     if group not in views:
-        raise UnknownGroup(f"no replica group {group}; this job has groups 0..{len(views) - 1}")
+        raise UnknownGroup(f"no replica group {group}; this job has groups {_ranges(sorted(views))}")
     return views[group]
+
+
+def _ranges(groups: list[int]) -> str:
+    """``0..3, 7`` for groups 0, 1, 2, 3 and 7; ``none`` for no group."""
+    if not groups:
+        return "none (no agent has registered)"
+    runs, start = [], groups[0]
+    for prev, g in zip(groups, groups[1:] + [None]):
+        if g != prev + 1:
+            runs.append(str(start) if start == prev else f"{start}..{prev}")
+            start = g
+    return ", ".join(runs)
 
 
 def _group_from_path(group: int, s: ServicesDep) -> GroupView:
@@ -58,6 +74,17 @@ def _group_from_path(group: int, s: ServicesDep) -> GroupView:
 
 
 GroupDep = Annotated[GroupView, Depends(_group_from_path)]
+
+
+def _admitted_group(group: Annotated[int, Path(ge=0, le=INT64_MAX)], s: ServicesDep) -> int:
+    if group >= s.settings.max_groups:
+        raise TooManyGroups(f"group {group} is beyond this control plane's --max-groups {s.settings.max_groups}; "
+                            "raise it to run more groups")
+    return group
+
+
+AdmittedGroupDep = Annotated[int, Depends(_admitted_group)]
+"""A group number from the path that may join the job: below ``--max-groups`` (409 otherwise)."""
 
 
 def _authorized(request: Request, s: ServicesDep) -> bool:

@@ -56,6 +56,12 @@ class NothingMeasured(DomainError):
     status = 409
 
 
+class TooManyGroups(DomainError):
+    """A group number at or past ``--max-groups``: the bound on what the control plane keeps per group."""
+
+    status = 409
+
+
 class InvalidQuery(DomainError):
     status = 422
 
@@ -68,6 +74,12 @@ class NoAgent(DomainError):
 
 class StorageUnavailable(DomainError):
     """SQLite refused a write (a full or failing disk): nothing of the request was stored."""
+
+    status = 503
+
+
+class Overloaded(DomainError):
+    """More events wait to be stored than the control plane holds: the sender keeps them and tries later."""
 
     status = 503
 

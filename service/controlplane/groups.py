@@ -12,6 +12,7 @@ group died; an event older than the current state's entry time never moves the s
 from __future__ import annotations
 
 import statistics
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
@@ -125,27 +126,42 @@ class GroupView:
 class GroupBoard:
     """Every group's view, kept in step with the store: each transition is written as it happens."""
 
-    def __init__(self, store: Store, groups: int):
+    def __init__(self, store: Store, groups: Iterable[int]):
+        """``groups``: the groups known at start (the job's first N, and any registered before);
+        a group seen later joins with :meth:`ensure`."""
         self.store = store
-        self.views = {g: GroupView(g) for g in range(groups)}
-        self.restore()
+        self.views: dict[int, GroupView] = {g: self._load(g) for g in sorted(set(groups))}
+
+    def ensure(self, group: int) -> GroupView:
+        """The group's view; a group not seen before is added, with what the store holds of it.
+        The board gets a new dict then (a request iterating the old one, in a worker thread,
+        goes on undisturbed), kept in group order."""
+        view = self.views.get(group)
+        if view is None:
+            view = self._load(group)
+            self.views = dict(sorted({**self.views, group: view}.items()))
+        return view
 
     def restore(self) -> None:
         """Rebuild the views from SQLite: after a restart, or a write that was rolled back."""
         for g in self.views:
-            self.views[g] = view = GroupView(g)
-            for t in self.store.transitions(g):
-                view.apply(Transition(t["state"], t["reason"], t["ts"]))
-            for type_, rank, where in (("process", None, None), ("heal", 0, None), ("straggler", None, None),
-                                       ("sdc", 0, None), ("step", 0, "json_extract(body, '$.committed') = 1")):
-                latest = self.store.latest_event(g, type_, rank=rank, where_json=where)
-                if latest is not None:
-                    view.note(latest)
-            view.starts = self.store.count_events(g, "process", "json_extract(body, '$.action') = 'started'")
+            self.views[g] = self._load(g)
+
+    def _load(self, g: int) -> GroupView:
+        view = GroupView(g)
+        for t in self.store.transitions(g):
+            view.apply(Transition(t["state"], t["reason"], t["ts"]))
+        for type_, rank, where in (("process", None, None), ("heal", 0, None), ("straggler", None, None),
+                                   ("sdc", 0, None), ("step", 0, "json_extract(body, '$.committed') = 1")):
+            latest = self.store.latest_event(g, type_, rank=rank, where_json=where)
+            if latest is not None:
+                view.note(latest)
+        view.starts = self.store.count_events(g, "process", "json_extract(body, '$.action') = 'started'")
+        return view
 
     def observe(self, event: Event) -> Transition | None:
         """Fold one event into its group's view; returns (and stores) the transition it caused."""
-        view = self.views[event.group]
+        view = self.ensure(event.group)
         view.note(event)
         transition = next_state(view.transition, event)
         if transition is not None:
@@ -166,12 +182,13 @@ class GroupBoard:
         and then they are the newer truth; forcing the command's state over them would leave a
         group that trains on shown down.
         """
-        current = self.views[group].transition
-        if current is not None and current.ts > since:
-            return None
-        transition = Transition(state, reason, since)
-        self._apply(group, transition)
-        return transition
+        with self.store.transaction():  # the ingest writer folds events in from its thread
+            current = self.views[group].transition
+            if current is not None and current.ts > since:
+                return None
+            transition = Transition(state, reason, since)
+            self._apply(group, transition)
+            return transition
 
     def _apply(self, group: int, transition: Transition) -> None:
         self.views[group].apply(transition)

@@ -2,9 +2,11 @@
 
 A node that dies takes the group's agent with it, so no process event ever says the group is
 down: the control plane would show it training. Every ``liveness_interval_s`` the monitor asks
-each up group's agent for its status and the Lighthouse for its heartbeats. A group whose agent
-has not answered since a question asked ``lost_after_s`` ago, and that no fresh heartbeat speaks
-for, is lost: the
+the agent of each up group that has been quiet for that long (no event arrived: a group whose
+events keep coming has an agent that forwards them, and asking a thousand busy agents every
+second would cost more than the training's own traffic) for its status, and then the Lighthouse
+for its heartbeats. A group whose agent has said nothing (no answer, no event) for
+``lost_after_s``, and that no fresh heartbeat speaks for, is lost: the
 monitor records a ``process`` event with action ``lost`` as an agent would its exit, so the
 board, the metrics, the page and a running drill see it go down the same way. Either sign
 alone is not enough: an agent can be slow while its group trains, and a heartbeat can lapse
@@ -39,6 +41,11 @@ def beating_groups(status: LighthouseStatus) -> set[int]:
     return {h.group for h in status.heartbeats if h.group is not None and not h.stale}
 
 
+def quiet_groups(now: float, last_heard: Mapping[int, float | None], quiet_s: float) -> set[int]:
+    """The groups nothing was heard from for ``quiet_s`` (or ever): only their agents are asked."""
+    return {g for g, ts in last_heard.items() if ts is None or now - ts >= quiet_s}
+
+
 def lost_groups(now: float, unanswered_since: Mapping[int, float], beating: set[int], lost_after_s: float) -> set[int]:
     """The groups whose agent has been silent ``lost_after_s`` and that no heartbeat speaks for."""
     return {g for g, since in unanswered_since.items() if now - since >= lost_after_s and g not in beating}
@@ -46,7 +53,9 @@ def lost_groups(now: float, unanswered_since: Mapping[int, float], beating: set[
 
 class LivenessMonitor:
     def __init__(self, board: GroupBoard, agents: AgentClient, lighthouse: LighthouseClient, ingest: Ingestor,
-                 interval_s: float, lost_after_s: float):
+                 interval_s: float, lost_after_s: float, heard_at: Mapping[int, float]):
+        """``heard_at``: when each group's agent last posted (its events may still wait to be stored)."""
+        self.heard_at = heard_at
         self.board = board
         self.agents = agents
         self.lighthouse = lighthouse
@@ -54,6 +63,7 @@ class LivenessMonitor:
         self.interval_s = interval_s
         self.lost_after_s = lost_after_s
         self.unanswered_since: dict[int, float] = {}
+        self.answered: dict[int, float] = {}
 
     async def _status(self, group: int) -> AgentStatus | None:
         """The agent's status, or None when it did not answer within half of ``lost_after_s``
@@ -66,21 +76,24 @@ class LivenessMonitor:
     async def check(self) -> set[int]:
         """One round; returns the groups it found lost."""
         views = self.board.views
-        up = [g for g, v in views.items() if v.state not in ("down", "unknown") and g in self.agents.agents]
-        lost = [g for g, v in views.items() if v.down_reason == "lost" and g in self.agents.agents]
         asked = time.time()
-        answers = await asyncio.gather(*(self._status(g) for g in up + lost))
+        up = [g for g, v in views.items() if v.state not in ("down", "unknown") and g in self.agents.agents]
+        quiet = quiet_groups(asked, {g: self._last_word(g) for g in up}, self.interval_s)
+        lost = [g for g, v in views.items() if v.down_reason == "lost" and g in self.agents.agents]
+        ask = [g for g in up if g in quiet] + lost
+        answers = await asyncio.gather(*(self._status(g) for g in ask))
         now = time.time()
-        for g, status in zip(up + lost, answers):
+        for g, status in zip(ask, answers):
             if status is not None:
+                self.answered[g] = now
                 self.unanswered_since.pop(g, None)
                 if g in lost and status.state == "running":
                     log.info("group %d's agent answers again with its processes running: joining", g)
                     self.board.force(g, "joining", None, since=now)
-            elif g in up:
-                self.unanswered_since.setdefault(g, asked)
+            elif g in up:  # silent since its last word
+                self.unanswered_since.setdefault(g, min(asked, self._last_word(g) or asked))
         for g in list(self.unanswered_since):
-            if g not in up:
+            if g not in quiet:
                 del self.unanswered_since[g]
         if not self.unanswered_since:
             return set()
@@ -95,6 +108,12 @@ class LivenessMonitor:
             log.warning("group %d lost: %s", g, detail)
             self.ingest.record([ProcessEvent(group=g, ts=now, action="lost", detail=detail)])
         return found
+
+    def _last_word(self, group: int) -> float | None:
+        """When the group's agent last said anything: an answer, a post, an event it forwarded."""
+        heard = max(self.answered.get(group, 0.0), self.heard_at.get(group, 0.0),
+                    self.board.views[group].last_event_ts or 0.0)
+        return heard or None
 
     async def run(self) -> None:
         while True:

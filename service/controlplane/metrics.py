@@ -10,9 +10,10 @@ there from the start at 0, so ``increase()`` sees the first kill instead of a ne
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from typing import Callable, get_args
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from protocol.events import (
@@ -52,7 +53,8 @@ FINGERPRINT_STEPS = 20
 
 
 class JobMetrics:
-    def __init__(self, groups: int) -> None:
+    def __init__(self, groups: Iterable[int]) -> None:
+        disable_created_metrics()  # a ``_created`` series beside each counter: a quarter of a group's series, unused
         self.registry = CollectorRegistry()
         r = self.registry
         self.compute = Histogram("ftctl_step_compute_seconds", "rank 0's compute time per step", ["group"],
@@ -89,20 +91,30 @@ class JobMetrics:
         self.grad_norm = Gauge("ftctl_gradient_norm", "the group's own gradient norm at its last step, before it "
                                "crossed groups (NaN: not finite)", ["group"], registry=r)
         self.events = Counter("ftctl_events_received_total", "events accepted from agents", registry=r)
-        for g in map(str, range(groups)):
-            for per_group in (self.compute, self.allreduce, self.commits, self.commit_failures, self.heals,
-                              self.heal_seconds, self.heal_bytes, self.starts, self.quorum_changes, self.stragglers,
-                              self.skipped_steps):
-                per_group.labels(g)
-            for reason in get_args(ExitKind):
-                self.exits.labels(g, reason)
-            for verdict in get_args(Verdict):
-                self.sdc_incidents.labels(g, verdict)
         self.last_checkpoint_ts = 0.0
         self.fingerprints = FingerprintBook(keep_steps=FINGERPRINT_STEPS)
         self.fingerprint_mismatch = 0.0
+        self.known: set[int] = set()
+        for g in groups:
+            self.ensure(g)
+
+    def ensure(self, group: int) -> None:
+        """Every series of a group exists from when it is known, at zero: a rate over it starts there."""
+        if group in self.known:
+            return
+        self.known.add(group)
+        g = str(group)
+        for per_group in (self.compute, self.allreduce, self.commits, self.commit_failures, self.heals,
+                          self.heal_seconds, self.heal_bytes, self.starts, self.quorum_changes, self.stragglers,
+                          self.skipped_steps):
+            per_group.labels(g)
+        for reason in get_args(ExitKind):
+            self.exits.labels(g, reason)
+        for verdict in get_args(Verdict):
+            self.sdc_incidents.labels(g, verdict)
 
     def observe(self, e: Event) -> None:
+        self.ensure(e.group)
         g = str(e.group)
         self.events.inc()
         match e:

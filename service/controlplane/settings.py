@@ -26,10 +26,16 @@ class ControlPlaneSettings(BaseSettings):
                                      "loopback (a Host header with another is refused: DNS rebinding); '*': any")
     max_body_bytes: int = Field(MAX_BODY_BYTES, ge=1024, description="a larger request body is refused (413)")
     db: Path = Field(Path("ftstate/control.db"), description="SQLite file: events, group history, drills")
-    groups: int = Field(2, ge=1, description="replica groups in the job")
+    event_retention_s: float = Field(7 * 86_400.0, gt=0, description="events older than this are deleted from "
+                                     "SQLite (group states, transitions and drill reports stay)")
+    event_retention_rows: int = Field(5_000_000, ge=1000, description="at most this many events are kept, the "
+                                      "newest (a thousand groups at 5 steps/s write 5,000 a second)")
+    groups: int = Field(2, ge=0, description="replica groups the job starts with, shown before their agents "
+                        "register (an agent that registers another group number adds it)")
     ranks_per_group: int = Field(defaults.RANKS_PER_GROUP, ge=1,
                                  description="ranks per group (fingerprints are compared per rank)")
-    agents: dict[int, str] = Field(default_factory=dict, description='agent URL per group, JSON: {"0": "http://127.0.0.1:8100"}')
+    max_groups: int = Field(4096, ge=1, le=1_000_000, description="the most replica groups the job may grow to "
+                            "(group numbers 0..N-1): what the control plane keeps per group is bounded by it")
     lighthouse_api: str = Field(f"http://{defaults.LOOPBACK}:{defaults.LIGHTHOUSE_API_PORT}",
                                 description="the Lighthouse wrapper's JSON API")
     classic_recovery_json: Path | None = Field(

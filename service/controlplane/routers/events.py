@@ -9,7 +9,7 @@ from fastapi.responses import StreamingResponse
 
 from protocol.events import INT64_MAX, EventType
 from protocol.ingest import INGEST_PREFIX, IngestBatch, IngestResult
-from service.controlplane.deps import AuthorizedDep, ServicesDep, find_group, redacted
+from service.controlplane.deps import AdmittedGroupDep, AuthorizedDep, ServicesDep, redacted
 from service.controlplane.models import EventPage
 
 router = APIRouter(prefix="/api/v1", tags=["events"])
@@ -62,12 +62,17 @@ async def stream_events(request: Request, s: ServicesDep, authorized: Authorized
     return StreamingResponse(feed(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
 
-@ingest_router.post(INGEST_PREFIX + "{group}", response_model=IngestResult, responses={404: {}, 422: {}, 503: {}})
-async def ingest(group: Annotated[int, Path(ge=0, le=INT64_MAX)], body: IngestBatch, s: ServicesDep) -> IngestResult:
+@ingest_router.post(INGEST_PREFIX + "{group}", response_model=IngestResult, responses={409: {}, 422: {}, 503: {}})
+async def ingest(group: AdmittedGroupDep, body: IngestBatch, s: ServicesDep) -> IngestResult:
     """Agents post their group's events here in batches. Each invalid event is rejected alone
     (counted, with a line of why); the rest are stored together, once each (by ``eid``).
 
-    Async on purpose: it runs on the event loop, which owns the listeners' asyncio queues.
+    A group number not seen before joins the job (the path's token is that group's), up to
+    ``--max-groups``; ``agent_registered`` tells the agent whether its address is known here.
+
+    The batch is stored with the others that arrive meanwhile, in one transaction, off the event
+    loop (``service/controlplane/ingest.py``); the answer comes after the commit.
     """
-    find_group(s, group)
-    return s.ingest.ingest(group, body)
+    s.registry.admit(group)
+    result = await s.writer.submit(group, body)
+    return result.model_copy(update={"agent_registered": group in s.registry.urls})

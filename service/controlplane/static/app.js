@@ -29,45 +29,97 @@ async function api(method, path, body) {
 const fmt = (v) => (v === null || v === undefined ? "not finite" : Number(v).toPrecision(3));
 const age = (ts) => { if (!ts) return "-"; const s = Date.now() / 1000 - ts; return s < 120 ? `${s.toFixed(0)}s` : `${(s / 60).toFixed(0)}m`; };
 
+// Up to DENSE_AT groups each has a card; past it every group is a cell of a heat map (its colour
+// is its state), a summary counts the states, and the selected cell's card sits beside the map.
+const DENSE_AT = 16;
+const CHARTED = 6;  // lines per chart in the dense view: the selected group and the first ones
+let selected = null;
+let dense = false;
+
+function newCard(group) {
+  const card = document.createElement("article");
+  card.innerHTML = `<h3><span>group ${group}</span><span class="badge straggler" hidden></span><span class="badge sdc" hidden></span><span class="state"></span></h3><div class="step"></div>
+    <div class="meta"></div><div class="actions"><button class="kill">Kill</button><button class="ghost rejoin">Rejoin</button></div>`;
+  card.querySelector(".kill").addEventListener("click", () => command(Number(card.dataset.group), "kill"));
+  card.querySelector(".rejoin").addEventListener("click", () => command(Number(card.dataset.group), "rejoin"));
+  return card;
+}
+
 function renderGroups(groups) {
+  dense = groups.length > DENSE_AT;
   const grid = $("groups");
+  grid.className = dense ? "heatmap" : "grid";
+  $("selected").hidden = !dense;
+  $("summary").hidden = !dense;
+  if (dense) return renderHeatmap(grid, groups);
   for (const g of groups) {
     let card = $(`group-${g.group}`);
-    if (!card) {
-      card = document.createElement("article");
+    if (!card || card.tagName !== "ARTICLE") {
+      card?.remove();
+      card = newCard(g.group);
       card.id = `group-${g.group}`;
-      card.innerHTML = `<h3><span>group ${g.group}</span><span class="badge straggler" hidden></span><span class="badge sdc" hidden></span><span class="state"></span></h3><div class="step"></div>
-        <div class="meta"></div><div class="actions"><button class="kill">Kill</button><button class="ghost rejoin">Rejoin</button></div>`;
-      card.querySelector(".kill").addEventListener("click", () => command(g.group, "kill"));
-      card.querySelector(".rejoin").addEventListener("click", () => command(g.group, "rejoin"));
       grid.appendChild(card);
     }
-    card.className = `card ${g.state}`;
-    card.dataset.state = g.state;
-    const state = card.querySelector(".state");
-    state.className = `state ${g.state}`;
-    state.textContent = g.state + (g.down_reason ? ` · ${g.down_reason}` : "");
-    const badge = card.querySelector(".badge.straggler");
-    badge.hidden = !g.straggler;
-    if (g.straggler) {
-      badge.textContent = `straggler ×${(g.straggler.slowdown ?? 1).toFixed(2)}`;
-      badge.title = g.straggler.detail;
-    }
-    const sdc = card.querySelector(".badge.sdc");
-    sdc.hidden = !g.last_sdc || Date.now() / 1000 - g.last_sdc.ts > SDC_BADGE_S;
-    if (g.last_sdc) {
-      sdc.textContent = `SDC ${g.last_sdc.verdict}`;
-      sdc.title = `step ${g.last_sdc.step}: gradient norm ${fmt(g.last_sdc.norm)} against the others' ${fmt(g.last_sdc.reference_norm)}; ` +
-        `the step was skipped in every group (${g.last_sdc.action}), ${age(g.last_sdc.ts)} ago`;
-    }
-    card.querySelector(".step").textContent = g.step ?? "–";
-    const heal = g.last_heal ? `last heal: step ${g.last_heal.step} from g${g.last_heal.source_group}, ` +
-      `${(g.last_heal.bytes / 2 ** 20).toFixed(0)} MiB in ${g.last_heal.fetch_s.toFixed(2)}s, ${age(g.last_heal.ts)} ago` : "no heal yet";
-    card.querySelector(".meta").innerHTML =
-      `loss ${g.diverged ? '<b class="diverged">NaN: diverged</b>' : g.loss?.toFixed(3) ?? "-"} · ${g.participants ?? "-"} groups · quorum ${g.quorum_id ?? "-"} · ${g.state} for ${age(g.since)}<br>${heal}`;
-    card.querySelector(".kill").disabled = g.state === "down";
-    card.querySelector(".rejoin").disabled = g.state !== "down";
+    fillCard(card, g);
   }
+}
+
+function renderHeatmap(grid, groups) {
+  const counts = {};
+  for (const g of groups) {
+    counts[g.state] = (counts[g.state] || 0) + 1;
+    let cell = $(`group-${g.group}`);
+    if (!cell || cell.tagName !== "BUTTON") {
+      cell?.remove();
+      cell = document.createElement("button");
+      cell.id = `group-${g.group}`;
+      cell.dataset.group = g.group;
+      cell.addEventListener("click", () => { selected = Number(cell.dataset.group); refresh(); });
+      grid.appendChild(cell);
+    }
+    cell.className = `cell ${g.state}${g.straggler ? " straggler" : ""}${g.group === selected ? " selected" : ""}`;
+    cell.dataset.state = g.state;
+    cell.title = `group ${g.group}: ${g.state}${g.down_reason ? " (" + g.down_reason + ")" : ""} · step ${g.step ?? "-"}` +
+      `${g.straggler ? " · straggler" : ""}`;
+  }
+  $("summary").innerHTML = `<b>${groups.length}</b> groups · ` + ["training", "healing", "joining", "starting", "down", "unknown"]
+    .filter((s) => counts[s]).map((s) => `<span class="state ${s}">${counts[s]} ${s}</span>`).join(" · ") +
+    ` <span class="dim">· click a cell for its group</span>`;
+  const shown = groups.find((g) => g.group === selected) || groups.find((g) => g.state === "down") || groups[0];
+  const panel = $("selected");
+  let card = panel.firstElementChild;
+  if (!card) { card = newCard(shown.group); card.id = "selected-card"; panel.appendChild(card); }
+  card.querySelector("h3 span").textContent = `group ${shown.group}`;
+  fillCard(card, shown);
+}
+
+function fillCard(card, g) {
+  card.dataset.group = g.group;
+  card.className = `card ${g.state}`;
+  card.dataset.state = g.state;
+  const state = card.querySelector(".state");
+  state.className = `state ${g.state}`;
+  state.textContent = g.state + (g.down_reason ? ` · ${g.down_reason}` : "");
+  const badge = card.querySelector(".badge.straggler");
+  badge.hidden = !g.straggler;
+  if (g.straggler) {
+    badge.textContent = `straggler ×${(g.straggler.slowdown ?? 1).toFixed(2)}`;
+    badge.title = g.straggler.detail;
+  }
+  const sdc = card.querySelector(".badge.sdc");
+  sdc.hidden = !g.last_sdc || Date.now() / 1000 - g.last_sdc.ts > SDC_BADGE_S;
+  if (g.last_sdc) {
+    sdc.textContent = `SDC ${g.last_sdc.verdict}`;
+    sdc.title = `step ${g.last_sdc.step}: gradient norm ${fmt(g.last_sdc.norm)} against the others' ${fmt(g.last_sdc.reference_norm)}; ` +
+      `the step was skipped in every group (${g.last_sdc.action}), ${age(g.last_sdc.ts)} ago`;
+  }
+  card.querySelector(".step").textContent = g.step ?? "–";
+  const heal = g.last_heal ? `last heal: step ${g.last_heal.step} from g${g.last_heal.source_group}, ` +
+    `${(g.last_heal.bytes / 2 ** 20).toFixed(0)} MiB in ${g.last_heal.fetch_s.toFixed(2)}s, ${age(g.last_heal.ts)} ago` : "no heal yet";
+  card.querySelector(".meta").innerHTML =
+    `loss ${g.diverged ? '<b class="diverged">NaN: diverged</b>' : g.loss?.toFixed(3) ?? "-"} · ${g.participants ?? "-"} groups · quorum ${g.quorum_id ?? "-"} · ${g.state} for ${age(g.since)}<br>${heal}`;
+  card.querySelector(".kill").disabled = g.state === "down";
+  card.querySelector(".rejoin").disabled = g.state !== "down";
 }
 
 async function command(group, action) {
@@ -77,7 +129,7 @@ async function command(group, action) {
 }
 
 function chart(svg, data, fmt) {
-  const lines = [...data.entries()].filter(([, pts]) => pts.length > 1);
+  const lines = [...data.entries()].filter(([group, pts]) => pts.length > 1 && charted(group));
   const all = lines.flatMap(([, pts]) => pts);
   if (!all.length) { svg.innerHTML = `<text x="10" y="110">waiting for steps…</text>`; return; }
   const [x0, x1] = [Math.min(...all.map((p) => p[0])), Math.max(...all.map((p) => p[0]))];
@@ -95,8 +147,13 @@ function chart(svg, data, fmt) {
   svg.innerHTML = out;
 }
 
+function charted(group) {
+  if (!dense) return true;
+  return group === selected || group < CHARTED;
+}
+
 function addStep(e) {
-  if (e.rank !== 0 || !e.committed) return;
+  if (e.rank !== 0 || !e.committed || !charted(e.group)) return;
   for (const key of ["loss", "step_s"]) {
     if (e[key] === null) continue;  // a loss that is not finite has no point on the chart
     const pts = series[key].get(e.group) || [];
@@ -174,13 +231,16 @@ async function refresh() {
   if (!q) return;
   renderGroups(q.groups);
   $("quorum").innerHTML = q.lighthouse_reachable
-    ? `quorum <b>${q.quorum_id}</b> · members <b>${q.members.map((m) => "g" + m.group).join(", ") || "none"}</b> · ${q.heartbeating ?? "?"} heartbeating`
+    ? `quorum <b>${q.quorum_id}</b> · members <b>${q.members.length > DENSE_AT ? q.members.length + " groups"
+        : q.members.map((m) => "g" + m.group).join(", ") || "none"}</b> · ${q.heartbeating ?? "?"} heartbeating`
     : `<span style="color:var(--red)">Lighthouse unreachable</span>`;
   chart($("loss-chart"), series.loss, (v) => v.toFixed(2));
   chart($("step-chart"), series.step_s, (v) => v.toFixed(2));
 }
 
 async function start() {
+  await renderDrills();
+  await refresh();  // the drills and the groups first: the history below can take a while at hundreds of groups
   const since = Date.now() / 1000 - 600;
   const shown = ["step", ...NOTABLE];  // the charts' steps and the timeline's kinds
   for (const type of shown) {
@@ -193,13 +253,12 @@ async function start() {
     stream.addEventListener(type, (m) => ingest(JSON.parse(m.data)));
   }
   $("drill").addEventListener("click", async () => {
-    const groups = [...document.querySelectorAll(".card")].filter((c) => c.dataset.state === "training");
+    const groups = [...document.querySelectorAll("#groups > [data-group]")].filter((c) => c.dataset.state === "training");
     if (groups.length < 2) { notice("A kill-heal drill needs two groups training."); return; }
-    const group = Number(groups.at(-1).id.split("-")[1]);
+    const group = Number(groups.at(-1).dataset.group);
     const drill = await api("POST", "/api/v1/drills", { kind: "kill-heal", group });
     if (drill) notice(`drill ${drill.id} started on group ${group}`, true);
   });
-  refresh(); renderDrills();
   setInterval(refresh, 1000);
   setInterval(renderDrills, 3000);
 }
