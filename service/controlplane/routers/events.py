@@ -4,7 +4,7 @@ import asyncio
 import json
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Query, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
 
 from protocol.events import INT64_MAX, EventType
