@@ -75,8 +75,9 @@ def judge(windows: Mapping[int, Sequence[StepSample]], best_s: Mapping[int, floa
     medians = {g: statistics.median(s.compute_s for s in w) for g, w in windows.items()}
     waits = {g: statistics.median(s.allreduce_s for s in w) for g, w in windows.items()}
     fastest = min(medians.values())
-    by_step = [{g: _at(w, step) for g, w in windows.items()}
-               for step in sorted(set.intersection(*({s.step for s in w} for w in windows.values())))]
+    compute_at = {g: {s.step: s.compute_s for s in w} for g, w in windows.items()}
+    by_step = [{g: at[step] for g, at in compute_at.items()}
+               for step in sorted(set.intersection(*(set(at) for at in compute_at.values())))]
     slowest = [max(step, key=step.get) for step in by_step]
     share = {g: (slowest.count(g) / len(slowest) if slowest else 0.0) for g in windows}
     peers = _medians_of_the_others(medians)
@@ -106,10 +107,6 @@ def _medians_of_the_others(values: Mapping[int, float]) -> dict[int, float]:
         return kth(n // 2) if n % 2 else (kth(n // 2 - 1) + kth(n // 2)) / 2
 
     return {g: median_without(bisect.bisect_left(ordered, v)) for g, v in values.items()}
-
-
-def _at(window: Sequence[StepSample], step: int) -> float:
-    return next(s.compute_s for s in window if s.step == step)
 
 
 def _stands_out(step: Mapping[int, float], factor: float) -> bool:
