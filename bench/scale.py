@@ -136,6 +136,23 @@ def measure(args: argparse.Namespace, groups: int) -> dict:
     }
 
 
+def measure_each(args: argparse.Namespace, measure, row) -> list[dict]:
+    """``measure(args, n)`` for each of ``args.groups``, a line of ``row(result)`` and the CPU
+    each; a count this machine cannot hold is a result too (its error)."""
+    runs = []
+    for n in args.groups:
+        try:
+            r = measure(args, n)
+        except (TimeoutError, httpx.HTTPError) as err:
+            runs.append({"groups": n, "error": f"{type(err).__name__}: {err}"})
+            print(f"{n:>6} failed: {runs[-1]['error']}", flush=True)
+            continue
+        runs.append(r)
+        cpu = ", ".join(f"{k} {v:.2f}" for k, v in sorted(r["cpu_cores"].items()))
+        print(f"{n:>6} {row(r)}  {cpu}", flush=True)
+    return runs
+
+
 def fmt(s: dict, unit: float = 1000) -> str:
     return "-" if not s["n"] else f"{s['p50'] * unit:.0f}/{s['p99'] * unit:.0f}"
 
@@ -157,24 +174,18 @@ def main() -> None:
     parser.add_argument("--ready-timeout-s", type=float, default=300.0)
     parser.add_argument("--no-page", dest="page", action="store_false")
     args = parser.parse_args()
-    runs = []
     print(f"{'groups':>6} {'quorum ms p50/p99':>18} {'kill→quorum s p50/max':>14} {'ingest lag ms':>14} "
           f"{'/groups ms':>11} {'/quorum ms':>11} {'/metrics':>16} {'page s':>7}  cpu cores")
-    for n in args.groups:
-        try:
-            r = measure(args, n)
-        except (TimeoutError, httpx.HTTPError) as err:  # a count this machine cannot hold is a result too
-            runs.append({"groups": n, "error": f"{type(err).__name__}: {err}"})
-            print(f"{n:>6} failed: {runs[-1]['error']}", flush=True)
-            continue
-        runs.append(r)
+
+    def row(r: dict) -> str:
         kill, page = r["kill_to_reduced_quorum_s"], r["page_s"]
         kill_text = "-" if not kill["n"] else f"{kill['p50']:.2f}/{kill['max']:.2f}"
         page_text = "-" if page is None else f"{page:.2f}"
-        cpu = ", ".join(f"{k} {v:.2f}" for k, v in sorted(r["cpu_cores"].items()))
-        print(f"{n:>6} {fmt(r['quorum_s']):>18} {kill_text:>14} {fmt(r['ingest_lag_s']):>14} "
-              f"{fmt(r['api_groups_s']):>11} {fmt(r['api_quorum_s']):>11} "
-              f"{r['metrics_series']:>6} series {fmt(r['metrics_s'])} ms {page_text:>7}  {cpu}", flush=True)
+        return (f"{fmt(r['quorum_s']):>18} {kill_text:>14} {fmt(r['ingest_lag_s']):>14} "
+                f"{fmt(r['api_groups_s']):>11} {fmt(r['api_quorum_s']):>11} "
+                f"{r['metrics_series']:>6} series {fmt(r['metrics_s'])} ms {page_text:>7}")
+
+    runs = measure_each(args, measure, row)
     out = write_result("scale", vars(args), runs=runs)
     print(f"wrote {out}")
 

@@ -374,6 +374,7 @@ class SimShape:
 
     groups: int
     hosts: int = 2
+    """processes the groups are spread over; 0: none (bench.ingest brings its own load)"""
     step_s: float = 0.2
     heartbeat_timeout_ms: int = 1000
     join_timeout_ms: int = 1000
@@ -400,7 +401,7 @@ class SimJob:
         self.host_urls: list[str] = []
         self.api = httpx.Client(base_url=self.api_url, timeout=30, headers={"Authorization": f"Bearer {token}"})
 
-    def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen:
+    def spawn(self, name: str, argv: list[str]) -> subprocess.Popen:
         (self.state_dir / "logs").mkdir(parents=True, exist_ok=True)
         with open(self.state_dir / "logs" / f"{name}.log", "ab") as log:
             proc = subprocess.Popen([sys.executable, *argv], cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
@@ -409,7 +410,7 @@ class SimJob:
         self.procs[name] = proc
         return proc
 
-    def _wait_http(self, name: str, url: str, timeout_s: float = 60) -> None:
+    def wait_http(self, name: str, url: str, timeout_s: float = 60) -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.procs[name].poll() is not None:
@@ -425,34 +426,34 @@ class SimJob:
 
     def start_control_plane(self, db: str = "control.db") -> None:
         """The control plane on its port (again, after :meth:`end`), with the SQLite file ``db``."""
-        self._spawn("controlplane", ["-m", "service.controlplane", "--port", self.api_url.rsplit(":", 1)[1],
+        self.spawn("controlplane", ["-m", "service.controlplane", "--port", self.api_url.rsplit(":", 1)[1],
                                      "--db", str(self.state_dir / db), "--groups", "0", "--ranks-per-group", "1",
                                      "--lighthouse-api", self.lighthouse_api, *self.control_plane_args])
-        self._wait_http("controlplane", f"{self.api_url}/healthz")
+        self.wait_http("controlplane", f"{self.api_url}/healthz")
 
     def __enter__(self) -> "SimJob":
         shape = self.shape
         try:
-            self._spawn("lighthouse", ["-m", "lighthouse", "--bind", self.lighthouse.removeprefix("http://"),
+            self.spawn("lighthouse", ["-m", "lighthouse", "--bind", self.lighthouse.removeprefix("http://"),
                                        "--min-replicas", "1", "--heartbeat-timeout-ms", str(shape.heartbeat_timeout_ms),
                                        "--join-timeout-ms", str(shape.join_timeout_ms),
                                        "--api-port", self.lighthouse_api.rsplit(":", 1)[1]])
-            self._wait_http("lighthouse", f"{self.lighthouse_api}/healthz")
+            self.wait_http("lighthouse", f"{self.lighthouse_api}/healthz")
             self.start_control_plane()
-            per_host = -(-self.groups // shape.hosts)
+            per_host = -(-self.groups // max(1, shape.hosts))
             for h in range(shape.hosts):
                 first, last = h * per_host, min(self.groups, (h + 1) * per_host) - 1
                 if first > last:
                     break
                 port = free_port()
-                self._spawn(f"sim{h}", ["-m", "bench.simulated", "--groups", f"{first}-{last}", "--lighthouse",
+                self.spawn(f"sim{h}", ["-m", "bench.simulated", "--groups", f"{first}-{last}", "--lighthouse",
                                         self.lighthouse, "--control-plane", self.api_url, "--state-dir",
                                         str(self.state_dir), "--port", str(port), "--step-s", str(shape.step_s),
                                         "--heartbeat-s", str(shape.heartbeat_s),
                                         "--forward-interval-s", str(shape.forward_interval_s)])
                 self.host_urls.append(f"http://127.0.0.1:{port}")
             for h, url in enumerate(self.host_urls):
-                self._wait_http(f"sim{h}", f"{url}/stats")
+                self.wait_http(f"sim{h}", f"{url}/stats")
         except BaseException:
             self.stop()
             raise

@@ -70,8 +70,8 @@ def panels() -> list:
         .with_target(query("A", f"ftctl_group_loss{{{G}}}", "group {{group}}")),
         place(timeseries.Panel(), 8, 0, 20, 8, 7, "Heals", "Heals from a live peer (5-minute increase) and their p90 duration.")
         .with_target(query("A", f"sum by (group) (increase(ftctl_heals_total{{{G}}}[5m]))", "heals g{{group}}"))
-        .with_target(query("B", f"histogram_quantile(0.9, sum by (le, group) (rate(ftctl_heal_duration_seconds_bucket{{{G}}}[5m])))",
-                           "p90 seconds g{{group}}")),
+        .with_target(query("B", "histogram_quantile(0.9, sum by (le) (rate(ftctl_heal_duration_seconds_bucket[5m])))",
+                           "p90 seconds, every group")),
         place(timeseries.Panel(), 9, 8, 20, 8, 7, "Failed commits", "Steps that could not commit (5-minute increase).")
         .with_target(query("A", f"sum by (group) (increase(ftctl_commit_failures_total{{{G}}}[5m]))", "group {{group}}")).min(0),
         place(timeseries.Panel(), 10, 16, 20, 8, 7, "Heartbeat age", "Seconds since each group's manager last heartbeated the Lighthouse.")

@@ -7,7 +7,9 @@ An ASGI middleware that answers before any route or body parser runs:
 - a request that may change something (any method but GET, HEAD and OPTIONS) without an
   accepted bearer token gets 401 or 403 before a byte of its body is read;
 - a body larger than ``max_body_bytes`` gets 413, by its Content-Length or, chunked, as it is
-  counted (only authenticated bodies are read, and those are small: an ingest batch, a drill).
+  counted (only authenticated bodies are read, and those are small: an ingest batch, a drill);
+- a WebSocket handshake (an agent's event stream) is held to the same Host and token rules,
+  whatever its method: it is refused with the status and reason a POST would get.
 """
 
 from __future__ import annotations
@@ -47,14 +49,20 @@ class RequestGuard:
         self.max_body_bytes = max_body_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] not in ("http", "websocket"):
             await self.app(scope, receive, send)
             return
         headers = Headers(scope=scope)
-        host = host_name(headers.get("host", "")).lower()
-        if "*" not in self.allowed_hosts and host not in self.allowed_hosts:
-            await _answer(send, 421, f"this server does not answer to Host '{host}'; reach it by an address it "
-                                     "was told of (--allowed-hosts)")
+        refused = self._host_refusal(headers)
+        if scope["type"] == "websocket":
+            refused = refused or refusal(bearer(headers.get("authorization")), self.accepted(scope["path"]))
+            if refused is not None:
+                await _refuse_handshake(scope, send, *refused)
+                return
+            await self.app(scope, receive, send)
+            return
+        if refused is not None:
+            await _answer(send, *refused)
             return
         if scope["method"] in SAFE_METHODS:
             await self.app(scope, receive, send)
@@ -71,6 +79,13 @@ class RequestGuard:
             await _answer(send, 413, f"the body is larger than {self.max_body_bytes} bytes")
             return
         await self.app(scope, _replay(body, receive), send)
+
+    def _host_refusal(self, headers: Headers) -> tuple[int, str] | None:
+        host = host_name(headers.get("host", "")).lower()
+        if "*" not in self.allowed_hosts and host not in self.allowed_hosts:
+            return 421, f"this server does not answer to Host '{host}'; reach it by an address it was told of " \
+                        "(--allowed-hosts)"
+        return None
 
     async def _read(self, receive: Receive) -> bytes | None:
         """The whole body, or None once it grows past the limit."""
@@ -101,12 +116,28 @@ def _replay(body: bytes, receive: Receive) -> Receive:
     return replay
 
 
-async def _answer(send: Send, status: int, detail: str, extra: dict[str, str] | None = None) -> None:
+def _response(status: int, detail: str, extra: dict[str, str] | None = None) -> tuple[bytes, list]:
     body = json.dumps({"detail": detail}).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     headers += [(k.encode(), v.encode()) for k, v in (extra or {}).items()]
+    return body, headers
+
+
+async def _answer(send: Send, status: int, detail: str, extra: dict[str, str] | None = None) -> None:
+    body, headers = _response(status, detail, extra)
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
+
+
+async def _refuse_handshake(scope: Scope, send: Send, status: int, detail: str) -> None:
+    """The handshake answered with the status and body a request would get, where the server
+    can (ASGI's denial response); else closed before it is accepted (the client sees a 403)."""
+    if "websocket.http.response" in scope.get("extensions", {}):
+        body, headers = _response(status, detail, {"www-authenticate": "Bearer"} if status == 401 else None)
+        await send({"type": "websocket.http.response.start", "status": status, "headers": headers})
+        await send({"type": "websocket.http.response.body", "body": body})
+    else:
+        await send({"type": "websocket.close", "code": 1008, "reason": detail[:120]})
 
 
 async def one_line_422(request: Request, err: RequestValidationError) -> JSONResponse:

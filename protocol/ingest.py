@@ -1,15 +1,22 @@
-"""How an agent hands its group's events to the control plane: one batch per POST.
+"""How an agent hands its group's events to the control plane: batches, on a stream or by POST.
 
-The agent posts an :class:`IngestBatch` to :func:`ingest_path` with its group's token and gets an
-:class:`IngestResult` back. Each element of ``events`` is one event of ``protocol.events`` in its
-JSON form; the control plane validates them all before it stores any, so a bad event is
-rejected (and counted, with a line of why) alone instead of costing the batch, and the rest are
-stored in one transaction.
+The agent opens a WebSocket at :func:`ingest_stream_path` with its group's token and sends one
+:class:`IngestBatch` per message; the control plane answers each with a :class:`StreamAnswer`, in
+order, before the agent sends the next. The same batch can be POSTed to :func:`ingest_path`
+instead, answered by an :class:`IngestResult` (or an error status with a ``detail``): agents use
+that when the stream cannot be opened (a control plane or a proxy without WebSockets; a refused
+handshake, whose reason only the POST's answer carries). The stream exists for the group count:
+on two cores a thousand agents' POSTs cost the HTTP stack several times what their events cost,
+while a message on an open stream costs a tenth of a request.
+
+Each element of ``events`` is one event of ``protocol.events`` in its JSON form; the control plane
+validates them all before it stores any, so a bad event is rejected (and counted, with a line of
+why) alone instead of costing the batch, and the rest are stored in one transaction.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -21,10 +28,19 @@ def ingest_path(group: int) -> str:
     return f"{INGEST_PREFIX}{group}"
 
 
+STREAM_SUFFIX = "/stream"
+Transport = Literal["stream", "post"]
+
+
+def ingest_stream_path(group: int) -> str:
+    """Where group ``group``'s agent opens its stream (a WebSocket), with its group's token."""
+    return f"{ingest_path(group)}{STREAM_SUFFIX}"
+
+
 def ingest_group(path: str) -> int | None:
-    """The group an ingest path is for (None: no ingest path)."""
-    tail = path.removeprefix(INGEST_PREFIX)
-    return int(tail) if tail != path and tail.isdigit() and len(tail) < 19 else None
+    """The group an ingest path or stream path is for (None: neither)."""
+    tail = path.removeprefix(INGEST_PREFIX).removesuffix(STREAM_SUFFIX)
+    return int(tail) if path.startswith(INGEST_PREFIX) and tail.isdigit() and len(tail) < 19 else None
 MAX_BATCH_EVENTS = 10_000
 """The most events one POST may carry: a batch stays well under a second to store."""
 MAX_REASONS = 5
@@ -45,3 +61,16 @@ class IngestResult(BaseModel):
                                description="why the first rejected events were refused, one line each")
     agent_registered: bool = Field(True, description="whether the control plane knows the group's agent "
                                    "address; false: the agent registers again (protocol/registration.py)")
+    send_every_s: float | None = Field(None, description="send batches at most this often: the control plane "
+                                       "paces its agents so that their batches together stay within what it "
+                                       "serves (it grows with the group count); the agent waits the longer of "
+                                       "this and its own interval")
+
+
+class StreamAnswer(BaseModel):
+    """The answer to one batch sent on the stream: what a POST of it would have answered."""
+
+    status: int = Field(description="200, or the status a POST would have got: 409 (too many groups), 422 (no "
+                        "batch), 503 (the store is behind or failed: send it again later)")
+    result: IngestResult | None = Field(None, description="with status 200")
+    detail: str | None = Field(None, description="why, with any other status")

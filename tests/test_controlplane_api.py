@@ -498,10 +498,10 @@ def test_a_post_past_the_writers_queue_is_refused_at_once_and_the_queued_ones_ar
         batch = lambda g, n: IngestBatch(events=[trainer_event("quorum", g, time.time(), quorum_id=1,  # noqa: E731
                                                                previous_quorum_id=0, step=i, participants=1)
                                                  for i in range(n)])
-        first, second = (asyncio.ensure_future(writer.submit(g, batch(g, 2))) for g in (0, 1))
+        first, second = (asyncio.ensure_future(writer.submit(g, batch(g, 2), "post")) for g in (0, 1))
         await asyncio.sleep(0)
         with pytest.raises(Overloaded):
-            await writer.submit(0, batch(0, 1))
+            await writer.submit(0, batch(0, 1), "post")
         task = asyncio.ensure_future(writer.run())
         answers = await asyncio.gather(first, second)
         task.cancel()
@@ -511,3 +511,33 @@ def test_a_post_past_the_writers_queue_is_refused_at_once_and_the_queued_ones_ar
     assert [a.accepted for a in answers] == [2, 2]
     assert len(services.store.events(limit=100)) == 4
     services.store.close()
+
+
+def test_an_agent_streams_its_batches_and_each_gets_the_answer_a_post_would(api):
+    """One message per batch on the group's WebSocket, one answer each, in order; a bad message
+    costs only its own answer, and the stream goes on."""
+    from starlette.websockets import WebSocketDisconnect
+
+    from protocol.ingest import StreamAnswer, ingest_stream_path
+
+    def answer(ws, text: str) -> StreamAnswer:
+        ws.send_text(text)
+        return StreamAnswer.model_validate_json(ws.receive_text())
+
+    own = {"Authorization": f"Bearer {group_token(TOKEN, 0)}"}
+    with api.websocket_connect(ingest_stream_path(0), headers=own) as ws:
+        first = answer(ws, json.dumps({"events": [start(0, T0), step(0, T0 + 1, 1)]}))
+        assert first.status == 200 and first.result.accepted == 2 and first.result.agent_registered
+        bad = answer(ws, "{not a batch")
+        assert bad.status == 422 and bad.detail.startswith("no ingest batch"), bad
+        ws.send_bytes(b"\xff\xfe")
+        assert StreamAnswer.model_validate_json(ws.receive_text()).status == 422, "a binary frame of no JSON"
+        mixed = answer(ws, json.dumps({"events": [step(0, T0 + 2, 2), step(1, T0 + 2, 2)]}))
+        assert (mixed.result.accepted, mixed.result.rejected) == (1, 1) and "group" in mixed.result.reasons[0]
+    assert [e["step"] for e in api.get("/api/v1/events", params={"type": "step"}).json()["events"]] == [1, 2]
+    assert 'ftctl_ingest_batches_total{transport="stream"} 2.0' in api.get("/metrics").text
+    for path, headers in ((ingest_stream_path(1), own), (ingest_stream_path(0), {}),
+                          (ingest_stream_path(5000), {"Authorization": f"Bearer {group_token(TOKEN, 5000)}"})):
+        with pytest.raises(WebSocketDisconnect):  # another group's token, none, beyond --max-groups
+            with api.websocket_connect(path, headers=headers) as ws:
+                ws.receive_text()

@@ -134,7 +134,9 @@ def test_a_transient_corruption_is_skipped_in_every_group_and_training_goes_on(j
     for g in (0, 1):
         (step,) = steps_at(job, g, r["step"])
         assert step["skipped"] is True, f"group {g} skipped step {r['step']}"
-        assert r["applied_grad_ratio"][str(g)] < 3 and r["update_ratio"][str(g)] < 3, r
+        # with the check off the same corruption reaches the optimizer at 13-19x the usual norm
+        # (test_sdc_off_e2e); early training's own spread from step to step reached 3.05x once
+        assert r["applied_grad_ratio"][str(g)] < 6 and r["update_ratio"][str(g)] < 6, r
     assert {g: v["restarts"] for g, v in groups(job.api).items()} == starts, "nobody was restarted"
     sdc = job.api.get("/api/v1/sdc").json()
     assert sdc["counts"]["transient"] >= 1

@@ -5,6 +5,7 @@ dropped and counted instead of being sent forever."""
 from __future__ import annotations
 
 import logging
+import re
 import socket
 import subprocess
 import sys
@@ -56,6 +57,12 @@ class ControlPlane:
     def steps(self) -> list[int]:
         events = httpx.get(f"{self.url}/api/v1/events", params={"type": "step", "limit": 1000}).json()["events"]
         return [e["step"] for e in events]
+
+    def batches(self) -> dict[str, float]:
+        """How the agents' batches came in since this control plane started: on a stream, by POST."""
+        metrics = httpx.get(f"{self.url}/metrics").text
+        return {t: float(re.search(rf'ftctl_ingest_batches_total{{transport="{t}"}} (\S+)', metrics).group(1))
+                for t in ("stream", "post")}
 
     def types(self) -> list[str]:
         return [e["type"] for e in httpx.get(f"{self.url}/api/v1/events", params={"limit": 1000}).json()["events"]]
@@ -115,6 +122,8 @@ def test_events_written_while_no_agent_ran_or_read_but_not_shipped_reach_the_sto
         wait_for(lambda: control_plane.steps() == [1, 2, 3, 4, 5, 6, 7], 20, "every step stored, in order")
         assert (c.dropped, c.refused) == (0, 0)
     assert control_plane.types().count("process") == 1
+    batches = control_plane.batches()
+    assert batches["stream"] >= 1 and batches["post"] == 0, "the agent reopened its stream after the outage"
 
 
 def test_a_batch_sent_again_after_its_answer_was_lost_is_stored_once(control_plane, tmp_path):
@@ -144,9 +153,11 @@ def test_a_refused_batch_is_dropped_counted_and_said_once_not_sent_forever(contr
         rank.steps(6)
         wait_for(lambda: a.refused == 6, 20, "the next refusal counted")
     refusals = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
-    assert len(refusals) == 1 and "403" in refusals[0] and "wrong bearer token" in refusals[0], refusals
+    assert len(refusals) == 1 and "403" in refusals[0] and "wrong bearer token" in refusals[0], \
+        f"the stream's refused handshake has no reason, the POST after it does: {refusals}"
     assert read_model(shipped_file(events, 0), Shipped).refused == 6, "the count outlives the agent"
     assert control_plane.steps() == []
+    assert control_plane.batches() == {"stream": 0, "post": 0}, "refused at the gate, the stream's handshake too"
     rank.steps(7)
     with agent(events, control_plane.url):
         wait_for(lambda: control_plane.steps() == [7], 20, "the next agent, with the right token, goes on from there")

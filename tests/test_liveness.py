@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from protocol.lighthouse import Heartbeat, LighthouseStatus, NextQuorum
-from service.controlplane.liveness import beating_groups, lost_groups, quiet_groups
+from service.controlplane.liveness import beating_groups, groups_to_ask, lost_groups, quiet_groups
 
 NOW = 1_800_000_000.0
 
@@ -32,3 +32,9 @@ def test_only_the_agents_of_quiet_groups_are_asked():
     heard = {0: NOW - 0.2, 1: NOW - 1.5, 2: None, 3: NOW - 1.0}
     assert quiet_groups(NOW, heard, quiet_s=1.0) == {1, 2, 3}
     assert quiet_groups(NOW, heard, quiet_s=2.0) == {2}
+
+
+def test_a_quiet_group_that_heartbeats_is_not_asked_and_a_lost_one_always_is():
+    """An overloaded control plane hears late from every agent; asking them all would add to the load."""
+    assert groups_to_ask(quiet={1, 2, 3}, beating={0, 1, 2}, lost=[5, 3]) == [3, 5]
+    assert groups_to_ask(quiet=set(), beating=set(), lost=[]) == []

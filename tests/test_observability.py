@@ -112,3 +112,24 @@ def test_known_label_values_are_there_at_zero_before_anything_happens(tmp_path):
     counters = [f for f in families if f.type == "counter"]
     assert counters and all(s.name.endswith(("_total", "_created")) for f in counters for s in f.samples)
     assert not any(name == "ftctl_quorum_id" for name, _ in m), "the quorum id has one name: ftctl_lighthouse_quorum_id"
+
+
+def group_series(api: TestClient, group: str) -> list[tuple[str, tuple]]:
+    return [(name, labels) for name, labels in scrape(api) if ("group", group) in labels]
+
+
+def test_a_group_costs_the_number_of_series_the_readme_states(tmp_path):
+    """What a thousand groups put on /metrics is bounded per group: 34 series before it reports,
+    42 once it trains a straggler window (its step, lag, loss, participants, quorum, the
+    detector's three ratios)."""
+    with TestClient(create_app(settings(tmp_path / "control.db"))) as api:
+        before = group_series(api, "1")
+        for g in (0, 1):
+            ingest(api, g, [start(g, T0)])
+        for n in range(1, 12):  # the detector judges when a full window of both is in
+            for g in (0, 1):
+                ingest(api, g, [step(g, T0 + n, n)])
+        after = group_series(api, "1")
+    assert (len(before), len(after)) == (34, 42), sorted(set(after) - set(before))
+    readme = (REPO / "README.md").read_text()
+    assert "42 series" in readme and "34 before it reports" in readme

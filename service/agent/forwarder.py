@@ -10,7 +10,8 @@ While the control plane is away, events read wait in a bounded buffer; when it i
 oldest are dropped and counted. A batch the control plane refuses (a 4xx: it would refuse it
 again) is dropped, counted as refused and logged with the reason; a batch too large (413) is
 split first. A 5xx or no answer backs off exponentially and sends the same batch again. The
-counts are kept across restarts with the offsets.
+counts are kept across restarts with the offsets. Batches go on the group's stream, or by POST
+where it cannot be opened (``service/agent/ingest_channel.py``).
 """
 
 from __future__ import annotations
@@ -37,8 +38,9 @@ from protocol.events import (
     speaks_for_group,
 )
 from protocol.files import read_model, write_model
-from protocol.ingest import IngestBatch, IngestResult, ingest_path
+from protocol.ingest import IngestBatch
 from protocol.registration import AgentRegistration
+from service.agent.ingest_channel import IngestChannel
 from service.agent.registrar import Registrar
 
 log = logging.getLogger("agent.forwarder")
@@ -96,9 +98,12 @@ class EventForwarder:
         self._write_lock = threading.Lock()
         self._retry_at = 0.0
         self._backoff_s = interval_s
+        self._paced_s = 0.0
+        """the control plane's ``send_every_s``: at a thousand groups it asks for fewer batches"""
         self._last_refusal = ""
         self._stop = threading.Event()
         self._client = httpx.Client(timeout=timeout_s, headers={"Authorization": f"Bearer {token}"})
+        self._channel = IngestChannel(control_plane, group, token, self._client, timeout_s) if control_plane else None
         self._thread = threading.Thread(target=self._run, name="event-forwarder", daemon=True)
         self.registrar = Registrar(group, control_plane, registration, MAX_BACKOFF_S) \
             if registration is not None and control_plane else None
@@ -208,24 +213,12 @@ class EventForwarder:
         """The answer's status and what it said; None when there was no usable answer."""
         batch = IngestBatch(events=[r.event.model_dump(mode="json") for r in chunk],
                             dropped=self.shipped.dropped + self.shipped.refused)
-        try:
-            response = self._client.post(f"{self.control_plane}{ingest_path(self.group)}",
-                                         json=batch.model_dump(mode="json"))
-        except httpx.HTTPError as err:
-            return None, str(err) or type(err).__name__
-        if response.status_code >= 300:
-            try:
-                detail = str(response.json().get("detail"))
-            except (ValueError, AttributeError):
-                detail = response.text[:200]
-            return response.status_code, detail
-        try:
-            result = IngestResult.model_validate(response.json())
-        except ValueError as err:
-            return None, f"an answer that is no ingest result: {err}"
-        if not result.agent_registered and self.registrar is not None:
-            self.registrar.forget()
-        return response.status_code, ""
+        status, why, result = self._channel.send(batch)
+        if result is not None:
+            self._paced_s = result.send_every_s or 0.0
+            if not result.agent_registered and self.registrar is not None:
+                self.registrar.forget()
+        return status, why
 
     def _back_off(self, why: str) -> None:
         if self.reachable:
@@ -246,7 +239,7 @@ class EventForwarder:
                 self.registrar.tick(self._client)
             self._read_new()
             self._ship()
-            self._stop.wait(self.interval_s)
+            self._stop.wait(max(self.interval_s, self._paced_s))
         self._read_new()
         self._retry_at = 0.0
         self._ship()
@@ -256,4 +249,6 @@ class EventForwarder:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(JOIN_TIMEOUT_S)
+        if self._channel is not None:
+            self._channel.close()
         self._client.close()

@@ -16,7 +16,8 @@ def main() -> int:
     settings = parse_settings(ControlPlaneSettings, "controlplane", sys.argv[1:])
     logging.basicConfig(level=logging.INFO, format="%(asctime)s controlplane %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="warning")
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="warning",
+                ws_max_size=settings.max_body_bytes)  # a batch on an agent's stream: as large as a POST's
     return 0
 
 

@@ -113,6 +113,7 @@ def create_app(settings: ControlPlaneSettings) -> FastAPI:
     app.include_router(groups.mutating, dependencies=auth)
     app.include_router(events.router)
     app.include_router(events.ingest_router, dependencies=auth)
+    app.include_router(events.stream_router)  # a WebSocket: the guard checks its handshake's token
     app.include_router(drills.router)
     app.include_router(drills.mutating, dependencies=auth)
     app.include_router(goodput_router.router)

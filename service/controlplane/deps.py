@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Annotated
 
 from fastapi import Depends, Path, Request
+from starlette.requests import HTTPConnection
 from prometheus_client import CollectorRegistry
 
 from protocol.events import INT64_MAX
@@ -42,8 +43,9 @@ class Services:
     metrics_registry: CollectorRegistry
 
 
-def _services(request: Request) -> Services:
-    return request.app.state.services
+def _services(connection: HTTPConnection) -> Services:
+    """A request's or a WebSocket's."""
+    return connection.app.state.services
 
 
 ServicesDep = Annotated[Services, Depends(_services)]
@@ -76,11 +78,19 @@ def _group_from_path(group: int, s: ServicesDep) -> GroupView:
 GroupDep = Annotated[GroupView, Depends(_group_from_path)]
 
 
-def _admitted_group(group: Annotated[int, Path(ge=0, le=INT64_MAX)], s: ServicesDep) -> int:
+GroupPath = Annotated[int, Path(ge=0, le=INT64_MAX)]
+
+
+def admissible(s: Services, group: int) -> int:
+    """The group number, when it may join the job: below ``--max-groups`` (a TooManyGroups otherwise)."""
     if group >= s.settings.max_groups:
         raise TooManyGroups(f"group {group} is beyond this control plane's --max-groups {s.settings.max_groups}; "
                             "raise it to run more groups")
     return group
+
+
+def _admitted_group(group: GroupPath, s: ServicesDep) -> int:
+    return admissible(s, group)
 
 
 AdmittedGroupDep = Annotated[int, Depends(_admitted_group)]

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pydantic import ValidationError
 
 from protocol.events import EVENT_ADAPTER, Event
-from protocol.ingest import MAX_REASONS, IngestBatch, IngestResult
+from protocol.ingest import MAX_REASONS, IngestBatch, IngestResult, Transport
 from service.controlplane.bus import EventBus, StoredEvent
 from service.controlplane.db import Store
 from service.controlplane.errors import Overloaded, StorageUnavailable
@@ -37,7 +37,8 @@ from service.controlplane.stragglers import StragglerTracker
 log = logging.getLogger("controlplane.ingest")
 
 
-def _why(err: ValidationError) -> str:
+def why_invalid(err: ValidationError) -> str:
+    """The first error of a validation, in one line."""
     first = err.errors()[0]
     return f"{'.'.join(str(p) for p in first['loc'])}: {first['msg']}"
 
@@ -58,7 +59,7 @@ class Ingestor:
         try:
             event = EVENT_ADAPTER.validate_python(raw)
         except ValidationError as err:
-            return _why(err)
+            return why_invalid(err)
         if event.group != group:
             return f"group: an event of group {event.group} in a batch of group {group}"
         if event.ts > now + self.max_clock_skew_s:
@@ -158,9 +159,10 @@ class IngestWriter:
         self._queued_events = 0
         self._wake = asyncio.Event()
 
-    async def submit(self, group: int, batch: IngestBatch) -> IngestResult:
+    async def submit(self, group: int, batch: IngestBatch, transport: Transport) -> IngestResult:
         """The batch's result once it is stored. Past ``max_queued_events`` waiting (the store is
         behind), a :class:`Overloaded` at once: the agent keeps its events and backs off."""
+        self.ingestor.metrics.batches.labels(transport).inc()
         if self._queued_events >= self.max_queued_events:
             raise Overloaded(f"the control plane has {self._queued_events} events waiting to be stored; "
                              "send them again later")

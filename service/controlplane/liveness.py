@@ -35,6 +35,11 @@ from service.controlplane.lighthouse import LighthouseClient, LighthouseUnreacha
 
 log = logging.getLogger("controlplane.liveness")
 
+MAX_ASKING = 16
+"""Agents asked at once. httpx's pool scans every queued request against every connection, so a
+round asking a thousand agents at once (every group quiet: a control plane that just started, a
+stalled network) would cost seconds of the event loop; 16 at a time answer as fast."""
+
 
 def beating_groups(status: LighthouseStatus) -> set[int]:
     """Groups with at least one heartbeat the Lighthouse does not yet call stale."""
@@ -44,6 +49,12 @@ def beating_groups(status: LighthouseStatus) -> set[int]:
 def quiet_groups(now: float, last_heard: Mapping[int, float | None], quiet_s: float) -> set[int]:
     """The groups nothing was heard from for ``quiet_s`` (or ever): only their agents are asked."""
     return {g for g, ts in last_heard.items() if ts is None or now - ts >= quiet_s}
+
+
+def groups_to_ask(quiet: set[int], beating: set[int], lost: list[int]) -> list[int]:
+    """The agents asked this round: the quiet groups that no fresh heartbeat speaks for (a group
+    that heartbeats is not lost, whatever its agent says), and the lost ones (are they back?)."""
+    return sorted(quiet - beating) + [g for g in lost if g not in quiet]
 
 
 def lost_groups(now: float, unanswered_since: Mapping[int, float], beating: set[int], lost_after_s: float) -> set[int]:
@@ -64,14 +75,16 @@ class LivenessMonitor:
         self.lost_after_s = lost_after_s
         self.unanswered_since: dict[int, float] = {}
         self.answered: dict[int, float] = {}
+        self._asking = asyncio.Semaphore(MAX_ASKING)
 
     async def _status(self, group: int) -> AgentStatus | None:
         """The agent's status, or None when it did not answer within half of ``lost_after_s``
         (a stopped agent's kernel still accepts the connection: only a timeout tells)."""
-        try:
-            return await asyncio.wait_for(self.agents.status(group), self.lost_after_s / 2)
-        except (AgentUnreachable, TimeoutError):
-            return None
+        async with self._asking:
+            try:
+                return await asyncio.wait_for(self.agents.status(group), self.lost_after_s / 2)
+            except (AgentUnreachable, TimeoutError):
+                return None
 
     async def check(self) -> set[int]:
         """One round; returns the groups it found lost."""
@@ -80,7 +93,7 @@ class LivenessMonitor:
         up = [g for g, v in views.items() if v.state not in ("down", "unknown") and g in self.agents.agents]
         quiet = quiet_groups(asked, {g: self._last_word(g) for g in up}, self.interval_s)
         lost = [g for g, v in views.items() if v.down_reason == "lost" and g in self.agents.agents]
-        ask = [g for g in up if g in quiet] + lost
+        ask = groups_to_ask(quiet, await self._beating(quiet), lost)
         answers = await asyncio.gather(*(self._status(g) for g in ask))
         now = time.time()
         for g, status in zip(ask, answers):
@@ -93,12 +106,12 @@ class LivenessMonitor:
             elif g in up:  # silent since its last word
                 self.unanswered_since.setdefault(g, min(asked, self._last_word(g) or asked))
         for g in list(self.unanswered_since):
-            if g not in quiet:
+            if g not in ask:
                 del self.unanswered_since[g]
         if not self.unanswered_since:
             return set()
         try:
-            beating = beating_groups(await self.lighthouse.status())
+            beating = beating_groups(await self.lighthouse.status())  # again: the asking took time
         except LighthouseUnreachable:
             return set()  # without the Lighthouse's view nothing is judged
         found = lost_groups(now, self.unanswered_since, beating, self.lost_after_s)
@@ -108,6 +121,16 @@ class LivenessMonitor:
             log.warning("group %d lost: %s", g, detail)
             self.ingest.record([ProcessEvent(group=g, ts=now, action="lost", detail=detail)])
         return found
+
+    async def _beating(self, quiet: set[int]) -> set[int]:
+        """The groups the Lighthouse has a fresh heartbeat from, asked only when some are quiet:
+        a slow control plane does not add a thousand requests to agents of its own to its load."""
+        if not quiet:
+            return set()
+        try:
+            return beating_groups(await self.lighthouse.status())
+        except LighthouseUnreachable:
+            return set()
 
     def _last_word(self, group: int) -> float | None:
         """When the group's agent last said anything: an answer, a post, an event it forwarded."""

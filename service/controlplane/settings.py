@@ -51,6 +51,9 @@ class ControlPlaneSettings(BaseSettings):
                                         "is unreachable")
     listener_capacity: int = Field(10_000, ge=100, description="events queued for one slow listener (an SSE "
                                    "client, a drill) before it misses some; ingestion never waits")
+    max_batches_per_s: float = Field(2000.0, gt=0, description="the agents' event batches a second the control "
+                                     "plane paces them to, together: each is asked to send at most every "
+                                     "groups / this seconds (its own interval when that is longer)")
     liveness_interval_s: float = Field(1.0, gt=0, description="how often every group's agent is asked whether it "
                                        "is there (and the Lighthouse for heartbeats)")
     lost_after_s: float = Field(2.0, gt=0, description="a group whose agent has not answered this long, and "

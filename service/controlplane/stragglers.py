@@ -33,6 +33,10 @@ from protocol.events import Event, ProcessEvent, StartEvent, StepEvent, Straggle
 PERSISTENT_SHARE = 0.6
 """A straggler slowest in at least this share of the window's steps is the same group step after step."""
 
+JUDGE_EVERY_S = 1.0
+"""The tracker judges at most once per second of the events' own time: a verdict costs
+O(groups × window), and a thousand groups report five steps a second each."""
+
 Pattern = Literal["none", "persistent", "rotating"]
 
 
@@ -121,8 +125,10 @@ def eviction_pays(slowdown: float, groups: int) -> bool:
 
 
 class StragglerTracker:
-    """Keeps every training group's last ``window`` committed steps and judges them once per job
-    step; returns the straggler events a change of verdict causes (flagged, cleared)."""
+    """Keeps every training group's last ``window`` committed steps and judges them at most once
+    every :data:`JUDGE_EVERY_S` of event time; returns the straggler events a change of verdict
+    causes (flagged, cleared). Judging by the events' clock, not this server's, gives recorded
+    events the verdicts they had live."""
 
     def __init__(self, window: int, factor: float, policy: Literal["flag", "evict"], flagged: int | None = None):
         """``flagged``: the group a previous run of the control plane left flagged (the board's)."""
@@ -133,7 +139,7 @@ class StragglerTracker:
         self.best_s: dict[int, float] = {}
         self.verdict = Verdict("none", {})
         self.flagged = flagged
-        self._judged_step = -1
+        self._judged_ts = float("-inf")
 
     def forget(self, group: int) -> None:
         """The group's processes ended or started again: its past says nothing of its next steps."""
@@ -151,9 +157,9 @@ class StragglerTracker:
                 if len(window) == self.window:
                     median = statistics.median(s.compute_s for s in window)
                     self.best_s[event.group] = min(self.best_s.get(event.group, median), median)
-                if self._judged_step - self.window < event.step <= self._judged_step:
-                    return []  # judged at this step already (far below it: a new run from step 0)
-                self._judged_step = event.step
+                if event.ts < self._judged_ts + JUDGE_EVERY_S:
+                    return []
+                self._judged_ts = event.ts
                 return self._judge(event.ts)
         return []
 

@@ -4,16 +4,28 @@ import asyncio
 import json
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Query, Request, WebSocket
 from fastapi.responses import StreamingResponse
+from pydantic import ValidationError
 
 from protocol.events import INT64_MAX, EventType
-from protocol.ingest import INGEST_PREFIX, IngestBatch, IngestResult
-from service.controlplane.deps import AdmittedGroupDep, AuthorizedDep, ServicesDep, redacted
+from protocol.ingest import INGEST_PREFIX, STREAM_SUFFIX, IngestBatch, IngestResult, StreamAnswer, Transport
+from service.controlplane.deps import (
+    AdmittedGroupDep,
+    AuthorizedDep,
+    GroupPath,
+    Services,
+    ServicesDep,
+    admissible,
+    redacted,
+)
+from service.controlplane.errors import DomainError
+from service.controlplane.ingest import why_invalid
 from service.controlplane.models import EventPage
 
 router = APIRouter(prefix="/api/v1", tags=["events"])
 ingest_router = APIRouter(tags=["agents"])
+stream_router = APIRouter()
 
 
 GroupQuery = Annotated[int | None, Query(ge=0, le=INT64_MAX, description="only this group's events")]
@@ -73,6 +85,38 @@ async def ingest(group: AdmittedGroupDep, body: IngestBatch, s: ServicesDep) -> 
     The batch is stored with the others that arrive meanwhile, in one transaction, off the event
     loop (``service/controlplane/ingest.py``); the answer comes after the commit.
     """
+    return await _store(s, group, body, "post")
+
+
+async def _store(s: Services, group: int, batch: IngestBatch, transport: Transport) -> IngestResult:
     s.registry.admit(group)
-    result = await s.writer.submit(group, body)
-    return result.model_copy(update={"agent_registered": group in s.registry.urls})
+    result = await s.writer.submit(group, batch, transport)
+    return result.model_copy(update={"agent_registered": group in s.registry.urls,
+                                     "send_every_s": len(s.board.views) / s.settings.max_batches_per_s})
+
+
+@stream_router.websocket(INGEST_PREFIX + "{group}" + STREAM_SUFFIX)
+async def ingest_stream(websocket: WebSocket, group: GroupPath, s: ServicesDep) -> None:
+    """An agent's stream: one batch per message, one :class:`StreamAnswer` per batch, in order.
+    A group beyond ``--max-groups`` is refused at the handshake (its agent's POST says why)."""
+    try:
+        admissible(s, group)
+    except DomainError as err:
+        await websocket.close(code=1008, reason=str(err)[:120])
+        return
+    await websocket.accept()
+    while (message := await websocket.receive())["type"] != "websocket.disconnect":
+        text = message.get("text") or message.get("bytes") or b""  # a binary frame is read as UTF-8 JSON too
+        await websocket.send_text((await _answer(s, group, text)).model_dump_json())
+
+
+async def _answer(s: Services, group: int, text: str | bytes) -> StreamAnswer:
+    """What a POST of the message would have answered, as a message."""
+    try:
+        batch = IngestBatch.model_validate_json(text)
+    except ValidationError as err:
+        return StreamAnswer(status=422, detail=f"no ingest batch: {why_invalid(err)}")
+    try:
+        return StreamAnswer(status=200, result=await _store(s, group, batch, "stream"))
+    except DomainError as err:
+        return StreamAnswer(status=err.status, detail=str(err))
