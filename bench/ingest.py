@@ -48,7 +48,7 @@ from pydantic import BaseModel
 from websockets.asyncio.client import connect as ws_connect
 
 from bench.common import TOKEN, write_result
-from bench.scale import cpu_seconds, fmt, ingest_lag, measure_each, summary, timed_get
+from bench.scale import cpu_cores, cpu_seconds, fmt, ingest_lag, measure_each, series_count, summary, timed_get
 from bench.simulated import SimJob, SimShape, parse_groups
 from protocol.agent import HEALTH_PATH, STATUS_PATH, AgentStatus
 from protocol.events import ProcessEvent, QuorumEvent, StartEvent, StepEvent
@@ -81,7 +81,6 @@ class Load:
         self.quorum_every_steps = quorum_every_steps
         self.post = post
         self.stats = LoadStats()
-        self.started = time.time()
 
     def take(self, reset: bool) -> LoadStats:
         out = self.stats.model_copy(deep=True)
@@ -236,7 +235,6 @@ def measure(args: argparse.Namespace, groups: int) -> dict:
         window = time.monotonic() - began
         cpu_after = cpu_seconds(job)
         load = LoadStats.model_validate(httpx.get(f"{load_url}/stats", timeout=30).json())
-        series = sum(1 for line in body.decode().splitlines() if line and not line.startswith("#"))
         lag = ingest_lag(state / "control.db", since)
     return {
         "groups": groups, "ready_s": ready_s, "window_s": window,
@@ -245,8 +243,8 @@ def measure(args: argparse.Namespace, groups: int) -> dict:
         "ingest_lag_s": summary(lag),
         "api_groups_s": summary(api["groups"]), "api_quorum_s": summary(api["quorum"]),
         "metrics_s": summary([m[0] for m in metrics]), "metrics_bytes": metrics[-1][1] if metrics else None,
-        "metrics_series": series, "control_plane_rss_bytes": max(rss) if rss else None,
-        "cpu_cores": {name: (cpu_after[name] - cpu_before.get(name, 0.0)) / window for name in cpu_after},
+        "metrics_series": series_count(body), "control_plane_rss_bytes": max(rss) if rss else None,
+        "cpu_cores": cpu_cores(cpu_before, cpu_after, window),
     }
 
 

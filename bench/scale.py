@@ -62,6 +62,16 @@ def cpu_seconds(job: SimJob) -> dict[str, float]:
     return out
 
 
+def cpu_cores(before: dict[str, float], after: dict[str, float], window_s: float) -> dict[str, float]:
+    """Each process's CPU over the window, in cores (core-seconds per second)."""
+    return {name: (after[name] - before.get(name, 0.0)) / window_s for name in after}
+
+
+def series_count(exposition: bytes) -> int:
+    """The samples in a ``/metrics`` body (every line that is not a comment)."""
+    return sum(1 for line in exposition.decode().splitlines() if line and not line.startswith("#"))
+
+
 def ingest_lag(db: Path, since: float) -> list[float]:
     with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
         return [row[0] for row in conn.execute("SELECT received - ts FROM events WHERE ts >= ?", (since,))]
@@ -121,7 +131,6 @@ def measure(args: argparse.Namespace, groups: int) -> dict:
         window = time.monotonic() - began
         cpu_after = cpu_seconds(job)
         stats = job.stats()
-        series = sum(1 for line in body.decode().splitlines() if line and not line.startswith("#"))
         page_s = page_seconds(job, groups) if args.page else None
         lag = ingest_lag(state / "control.db", since)
     return {
@@ -131,8 +140,8 @@ def measure(args: argparse.Namespace, groups: int) -> dict:
         "ingest_lag_s": summary(lag),
         "api_groups_s": summary(api["groups"]), "api_quorum_s": summary(api["quorum"]),
         "metrics_s": summary([m[0] for m in metrics]), "metrics_bytes": metrics[-1][1] if metrics else None,
-        "metrics_series": series, "page_s": page_s,
-        "cpu_cores": {name: (cpu_after[name] - cpu_before.get(name, 0.0)) / window for name in cpu_after},
+        "metrics_series": series_count(body), "page_s": page_s,
+        "cpu_cores": cpu_cores(cpu_before, cpu_after, window),
     }
 
 

@@ -53,23 +53,16 @@ class RequestGuard:
             await self.app(scope, receive, send)
             return
         headers = Headers(scope=scope)
-        refused = self._host_refusal(headers)
-        if scope["type"] == "websocket":
-            refused = refused or refusal(bearer(headers.get("authorization")), self.accepted(scope["path"]))
-            if refused is not None:
-                await _refuse_handshake(scope, send, *refused)
-                return
-            await self.app(scope, receive, send)
-            return
+        websocket = scope["type"] == "websocket"
+        refused, extra = self._host_refusal(headers), None
+        if refused is None and (websocket or scope["method"] not in SAFE_METHODS):
+            refused = refusal(bearer(headers.get("authorization")), self.accepted(scope["path"]))
+            extra = {"www-authenticate": "Bearer"}
         if refused is not None:
-            await _answer(send, *refused)
+            await (_refuse_handshake(scope, send, *refused, extra) if websocket else _answer(send, *refused, extra))
             return
-        if scope["method"] in SAFE_METHODS:
+        if websocket or scope["method"] in SAFE_METHODS:
             await self.app(scope, receive, send)
-            return
-        refused = refusal(bearer(headers.get("authorization")), self.accepted(scope["path"]))
-        if refused is not None:
-            await _answer(send, *refused, {"www-authenticate": "Bearer"})
             return
         if int(headers.get("content-length") or 0) > self.max_body_bytes:
             await _answer(send, 413, f"the body is larger than {self.max_body_bytes} bytes")
@@ -129,11 +122,12 @@ async def _answer(send: Send, status: int, detail: str, extra: dict[str, str] | 
     await send({"type": "http.response.body", "body": body})
 
 
-async def _refuse_handshake(scope: Scope, send: Send, status: int, detail: str) -> None:
+async def _refuse_handshake(scope: Scope, send: Send, status: int, detail: str,
+                            extra: dict[str, str] | None = None) -> None:
     """The handshake answered with the status and body a request would get, where the server
     can (ASGI's denial response); else closed before it is accepted (the client sees a 403)."""
     if "websocket.http.response" in scope.get("extensions", {}):
-        body, headers = _response(status, detail, {"www-authenticate": "Bearer"} if status == 401 else None)
+        body, headers = _response(status, detail, extra)
         await send({"type": "websocket.http.response.start", "status": status, "headers": headers})
         await send({"type": "websocket.http.response.body", "body": body})
     else:

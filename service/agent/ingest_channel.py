@@ -18,7 +18,7 @@ import httpx
 from websockets.exceptions import InvalidStatus, WebSocketException
 from websockets.sync.client import ClientConnection, connect
 
-from protocol.ingest import IngestBatch, IngestResult, StreamAnswer, Transport, ingest_path, ingest_stream_path
+from protocol.ingest import IngestBatch, IngestResult, StreamAnswer, ingest_path, ingest_stream_path
 
 STREAM_RETRY_S = 60.0
 """After a refused handshake, batches go by POST this long before the stream is tried again."""
@@ -35,7 +35,6 @@ class IngestChannel:
         self.token = token
         self.client = client
         self.timeout_s = timeout_s
-        self.transport: Transport = "stream"
         self._stream: ClientConnection | None = None
         self._open = ExitStack()
         self._post_until = 0.0
@@ -46,7 +45,6 @@ class IngestChannel:
                 return self._on_stream(batch)
             except InvalidStatus as err:  # refused, or no stream here: the POST says why
                 self._post_until = time.monotonic() + STREAM_RETRY_S
-                self.transport = "post"
                 if err.response.status_code >= 500:
                     return err.response.status_code, f"the stream's handshake got {err.response.status_code}", None
             except (OSError, TimeoutError, WebSocketException, ValueError) as err:  # ValueError: no answer
@@ -60,7 +58,6 @@ class IngestChannel:
             self._stream = self._open.enter_context(connect(
                 url, additional_headers={"Authorization": f"Bearer {self.token}"}, open_timeout=self.timeout_s,
                 close_timeout=1, max_size=None, compression=None))  # small JSON: deflate costs more than it saves
-            self.transport = "stream"
         self._stream.send(batch.model_dump_json())
         answer = StreamAnswer.model_validate_json(self._stream.recv(timeout=self.timeout_s))
         return answer.status, answer.detail or "", answer.result

@@ -93,7 +93,7 @@ class LivenessMonitor:
         up = [g for g, v in views.items() if v.state not in ("down", "unknown") and g in self.agents.agents]
         quiet = quiet_groups(asked, {g: self._last_word(g) for g in up}, self.interval_s)
         lost = [g for g, v in views.items() if v.down_reason == "lost" and g in self.agents.agents]
-        ask = groups_to_ask(quiet, await self._beating(quiet), lost)
+        ask = groups_to_ask(quiet, (await self._beating() or set()) if quiet else set(), lost)
         answers = await asyncio.gather(*(self._status(g) for g in ask))
         now = time.time()
         for g, status in zip(ask, answers):
@@ -110,9 +110,8 @@ class LivenessMonitor:
                 del self.unanswered_since[g]
         if not self.unanswered_since:
             return set()
-        try:
-            beating = beating_groups(await self.lighthouse.status())  # again: the asking took time
-        except LighthouseUnreachable:
+        beating = await self._beating()  # again: the asking took time
+        if beating is None:
             return set()  # without the Lighthouse's view nothing is judged
         found = lost_groups(now, self.unanswered_since, beating, self.lost_after_s)
         for g in sorted(found):
@@ -122,15 +121,14 @@ class LivenessMonitor:
             self.ingest.record([ProcessEvent(group=g, ts=now, action="lost", detail=detail)])
         return found
 
-    async def _beating(self, quiet: set[int]) -> set[int]:
-        """The groups the Lighthouse has a fresh heartbeat from, asked only when some are quiet:
-        a slow control plane does not add a thousand requests to agents of its own to its load."""
-        if not quiet:
-            return set()
+    async def _beating(self) -> set[int] | None:
+        """The groups the Lighthouse has a fresh heartbeat from; None when it does not answer.
+        Asked before the agents too, when some are quiet: a slow control plane then does not add
+        a thousand requests to agents of its own to its load."""
         try:
             return beating_groups(await self.lighthouse.status())
         except LighthouseUnreachable:
-            return set()
+            return None
 
     def _last_word(self, group: int) -> float | None:
         """When the group's agent last said anything: an answer, a post, an event it forwarded."""

@@ -7,9 +7,9 @@ label value known in advance (each group, each exit reason, each drill kind and 
 there from the start at 0, so ``increase()`` sees the first kill instead of a new series.
 
 A group costs a fixed number of series from when it is known (the README states it, a test
-counts it): at a thousand groups
-``/metrics`` is what Prometheus stores, so per-group durations are summaries (sum and count: the
-mean the dashboards draw), and the distributions with buckets (heal, checkpoint) are job-wide.
+counts it): at a thousand groups ``/metrics`` is what Prometheus stores, so per-group durations
+are summaries (sum and count: the mean the dashboards draw), and the distributions with buckets
+(heal, checkpoint) are job-wide.
 """
 
 from __future__ import annotations
