@@ -21,7 +21,9 @@ every 15 s by default there), and reports:
 - the batches the control plane answered, refused as overloaded (503) and failed, and the time to
   each answer;
 - latency of ``/api/v1/groups`` and ``/api/v1/quorum``; size, series and time of ``/metrics``;
-- the control plane's CPU and resident memory, and the load process's CPU.
+- the control plane's CPU and resident memory, and the load process's CPU;
+- with ``--page``, after the window and under the same load: the time until Chromium shows every
+  group on the page.
 
 Writes bench/results/ingest-*.json.
 """
@@ -48,7 +50,8 @@ from pydantic import BaseModel
 from websockets.asyncio.client import connect as ws_connect
 
 from bench.common import TOKEN, write_result
-from bench.scale import cpu_cores, cpu_seconds, fmt, ingest_lag, measure_each, series_count, summary, timed_get
+from bench.scale import (cpu_cores, cpu_seconds, fmt, ingest_lag, measure_each, page_seconds, series_count, summary,
+                         timed_get)
 from bench.simulated import SimJob, SimShape, parse_groups
 from protocol.agent import HEALTH_PATH, STATUS_PATH, AgentStatus
 from protocol.events import ProcessEvent, QuorumEvent, StartEvent, StepEvent
@@ -234,6 +237,7 @@ def measure(args: argparse.Namespace, groups: int) -> dict:
             time.sleep(args.poll_s)
         window = time.monotonic() - began
         cpu_after = cpu_seconds(job)
+        page_s = page_seconds(job, groups) if args.page else None
         load = LoadStats.model_validate(httpx.get(f"{load_url}/stats", timeout=30).json())
         lag = ingest_lag(state / "control.db", since)
     return {
@@ -243,7 +247,7 @@ def measure(args: argparse.Namespace, groups: int) -> dict:
         "ingest_lag_s": summary(lag),
         "api_groups_s": summary(api["groups"]), "api_quorum_s": summary(api["quorum"]),
         "metrics_s": summary([m[0] for m in metrics]), "metrics_bytes": metrics[-1][1] if metrics else None,
-        "metrics_series": series_count(body), "control_plane_rss_bytes": max(rss) if rss else None,
+        "metrics_series": series_count(body), "control_plane_rss_bytes": max(rss) if rss else None, "page_s": page_s,
         "cpu_cores": cpu_cores(cpu_before, cpu_after, window),
     }
 
@@ -260,6 +264,7 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=30.0, help="seconds measured, after every group trains")
     parser.add_argument("--poll-s", type=float, default=1.0, help="how often the API is read")
     parser.add_argument("--scrape-every-s", type=float, default=5.0, help="how often /metrics is read")
+    parser.add_argument("--page", action="store_true", help="after the window: the page's load time in Chromium")
     parser.add_argument("--settle-s", type=float, default=5.0)
     parser.add_argument("--ready-timeout-s", type=float, default=120.0)
     parser.add_argument("--load", type=parse_groups, help=argparse.SUPPRESS)
@@ -270,12 +275,13 @@ def main() -> None:
         asyncio.run(serve_load(args))
         return
     print(f"{'groups':>6} {'events/s':>9} {'batches/s':>9} {'503':>5} {'answer ms':>10} {'ingest lag ms':>14} "
-          f"{'/groups ms':>11} {'/quorum ms':>11} {'/metrics':>20} {'RSS MB':>7}  cpu cores", flush=True)
+          f"{'/groups ms':>11} {'/quorum ms':>11} {'/metrics':>20} {'RSS MB':>7} {'page s':>7}  cpu cores", flush=True)
 
     def row(r: dict) -> str:
         return (f"{r['events_per_s']:>9.0f} {r['batches_per_s']:>9.0f} {r['overloaded']:>5} {fmt(r['answer_s']):>10} "
                 f"{fmt(r['ingest_lag_s']):>14} {fmt(r['api_groups_s']):>11} {fmt(r['api_quorum_s']):>11} "
-                f"{r['metrics_series']:>6} series {fmt(r['metrics_s'])} ms {r['control_plane_rss_bytes'] / 2**20:>7.0f}")
+                f"{r['metrics_series']:>6} series {fmt(r['metrics_s'])} ms {r['control_plane_rss_bytes'] / 2**20:>7.0f} "
+                f"{'-' if r['page_s'] is None else format(r['page_s'], '.2f'):>7}")
 
     runs = measure_each(args, measure, row)
     out = write_result("ingest", {k: v for k, v in vars(args).items() if k not in ("load", "control_plane", "port")},

@@ -166,17 +166,23 @@ def fmt(s: dict, unit: float = 1000) -> str:
     return "-" if not s["n"] else f"{s['p50'] * unit:.0f}/{s['p99'] * unit:.0f}"
 
 
+def add_quorum_options(parser: argparse.ArgumentParser) -> None:
+    """How groups meet the Lighthouse and how often one is killed: the options the scale and
+    Lighthouse benchmarks share."""
+    parser.add_argument("--kill-every", type=float, default=10.0, help="0: no kills")
+    parser.add_argument("--rejoin-after-s", type=float, default=3.0)
+    parser.add_argument("--heartbeat-s", type=float, default=0.1, help="torchft's Manager: 100 ms")
+    parser.add_argument("--heartbeat-timeout-ms", type=int, default=1000)
+    parser.add_argument("--join-timeout-ms", type=int, default=1000)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--groups", type=int, nargs="+", default=[8, 32, 128, 256, 512])
     parser.add_argument("--hosts", type=int, default=4, help="processes the simulated groups are spread over")
     parser.add_argument("--step-s", type=float, default=0.2)
     parser.add_argument("--duration", type=float, default=30.0, help="seconds measured, after every group trains")
-    parser.add_argument("--kill-every", type=float, default=10.0, help="0: no kills")
-    parser.add_argument("--rejoin-after-s", type=float, default=3.0)
-    parser.add_argument("--heartbeat-s", type=float, default=0.1, help="torchft's Manager: 100 ms")
-    parser.add_argument("--heartbeat-timeout-ms", type=int, default=1000)
-    parser.add_argument("--join-timeout-ms", type=int, default=1000)
+    add_quorum_options(parser)
     parser.add_argument("--forward-interval-s", type=float, default=0.5, help="each agent's shipping interval")
     parser.add_argument("--poll-s", type=float, default=0.5)
     parser.add_argument("--settle-s", type=float, default=3.0)

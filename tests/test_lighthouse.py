@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import subprocess
 import sys
@@ -16,6 +17,7 @@ from torchft._torchft import LighthouseClient, LighthouseServer
 from cluster import REPO, wait_for
 from lighthouse.status import StatusFormatError, parse_status
 from processes import Owner
+from service.controlplane.lighthouse import LighthouseClient as LighthouseStatusClient
 from service.proctree import process_tree, wait_gone
 from protocol.torchrun import free_port
 
@@ -75,6 +77,27 @@ def test_contract_with_zero_one_and_two_members(server):
     assert sorted(h.group for h in two.heartbeats) == [0, 1]
 
 
+def test_a_restarted_replicas_old_entry_stays_on_the_lighthouse_stale_and_not_heartbeating():
+    """torchft 0.2.0 never drops a heartbeat entry: each restart (a new replica id) adds one for
+    good (the README's scale section); the view marks the silent ones stale and counts only the rest."""
+    s = LighthouseServer(bind="[::]:0", min_replicas=1, join_timeout_ms=100, quorum_tick_ms=50,
+                         heartbeat_timeout_ms=300)
+    try:
+        client = LighthouseClient(s.address(), connect_timeout=timedelta(seconds=5))
+        for replica_id in ("group0:before-restart", "group1:uuid-1"):
+            client.heartbeat(replica_id, timedelta(seconds=1))
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline:
+            client.heartbeat("group0:after-restart", timedelta(seconds=1))
+            time.sleep(0.05)
+        view = parse_status(_page(s))
+        assert {h.replica_id: h.stale for h in view.heartbeats} == {
+            "group0:before-restart": True, "group1:uuid-1": True, "group0:after-restart": False}
+        assert view.next_quorum.heartbeating == 1
+    finally:
+        s.shutdown()
+
+
 def test_a_changed_page_fails_loudly():
     with pytest.raises(StatusFormatError, match="current quorum id"):
         parse_status("<html><body>Lighthouse 9.9: a new page</body></html>")
@@ -108,6 +131,41 @@ def test_wrapper_serves_json_and_restarts_a_dead_lighthouse():
         wrapper.send_signal(signal.SIGTERM)
         wrapper.wait(15)
         assert not wait_gone(pids, 10), "the Lighthouse outlived its wrapper"
+    finally:
+        owner.end()
+
+
+def test_the_control_planes_quorum_view_asks_the_wrapper_once_for_every_viewer_meanwhile():
+    port, api = free_port(), free_port()
+    owner = Owner()
+    subprocess.Popen([sys.executable, "-m", "lighthouse", "--bind", f"127.0.0.1:{port}", "--api-port", str(api)],
+                     cwd=REPO, env=owner.env(), start_new_session=True)
+    base = f"http://127.0.0.1:{api}"
+
+    async def views() -> tuple[int, int, int]:
+        client = LighthouseStatusClient(base, 5.0, LH_TOKEN)
+        asked: list[str] = []
+
+        async def count(request: httpx.Request) -> None:
+            asked.append(request.url.path)
+
+        client.client.event_hooks["request"].append(count)
+        try:
+            together = await asyncio.gather(*(client.recent_status(max_age_s=2.0) for _ in range(20)))
+            assert all(v == together[0] for v in together) and together[0].quorum_id == 0
+            first = len(asked)
+            await client.recent_status(max_age_s=2.0)
+            cached = len(asked)
+            await asyncio.sleep(2.1)
+            await client.recent_status(max_age_s=2.0)
+            await client.status()
+            return first, cached, len(asked)
+        finally:
+            await client.aclose()
+
+    try:
+        wait_for(lambda: _healthy(base), 30, "the wrapper to report a healthy Lighthouse")
+        assert asyncio.run(views()) == (1, 1, 3), "20 viewers at once, one more within the age, one after it, one fresh"
     finally:
         owner.end()
 

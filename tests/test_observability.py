@@ -2,20 +2,23 @@
 
 from __future__ import annotations
 
-import math
-
+import asyncio
 import json
+import math
 import re
 import shutil
 import subprocess
 
 import pytest
 from fastapi.testclient import TestClient
+from prometheus_client import Gauge, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from cluster import REPO
 from dashboards.quorum import OUTPUT, panel_queries, render
 from service.controlplane.app import create_app
+from service.controlplane.exposition import exposition
+from service.controlplane.metrics import JobMetrics
 from test_controlplane_api import T0, heal, ingest, process, scrape, settings, start, step, trainer_event
 
 PROM = REPO / "deploy/prometheus"
@@ -133,3 +136,48 @@ def test_a_group_costs_the_number_of_series_the_readme_states(tmp_path):
     assert (len(before), len(after)) == (34, 42), sorted(set(after) - set(before))
     readme = (REPO / "README.md").read_text()
     assert "42 series" in readme and "34 before it reports" in readme
+
+
+def _samples(text: str) -> list[tuple]:
+    return sorted((s.name, tuple(sorted(s.labels.items())), repr(s.value))
+                  for f in text_string_to_metric_families(text) for s in f.samples)
+
+
+def _render(families, slice_s: float = 0.005) -> tuple[bytes, int]:
+    """The text, and how many times another coroutine ran while it was written."""
+    async def run() -> tuple[bytes, int]:
+        ticks, done = 0, asyncio.Event()
+
+        async def tick() -> None:
+            nonlocal ticks
+            while not done.is_set():
+                ticks += 1
+                await asyncio.sleep(0)
+
+        ticker = asyncio.create_task(tick())
+        await asyncio.sleep(0)
+        text = b"".join([chunk async for chunk in exposition(families, slice_s)])
+        done.set()
+        await ticker
+        return text, ticks
+    return asyncio.run(run())
+
+
+def test_metrics_text_is_what_prometheus_client_writes_and_the_loop_runs_meanwhile():
+    """/metrics is written by our lean writer a slice at a time; Prometheus must read the same
+    samples as from prometheus-client's own writer, odd label values and non-finite values included."""
+    metrics = JobMetrics(range(1000))
+    for g in range(1000):
+        metrics.compute.labels(str(g)).observe(0.125 * g)
+        metrics.commits.labels(str(g)).inc(g)
+    metrics.grad_norm.labels("3").set(math.nan)
+    metrics.grad_norm.labels("4").set(math.inf)
+    metrics.grad_norm.labels("5").set(-2.5e9)
+    metrics.heal_seconds.observe(0.3)
+    odd = Gauge("ftctl_odd", "a help with a \\ and\na newline", ["name"], registry=metrics.registry)
+    odd.labels('a "quoted"\\ value\nover two lines').set(1234567.0)
+    ours, ticks = _render(metrics.registry.collect(), slice_s=0.001)
+    theirs = generate_latest(metrics.registry)
+    assert _samples(ours.decode()) == _samples(theirs.decode())
+    assert ours.count(b"\n# HELP ") == theirs.count(b"\n# HELP ") and ours.count(b"# TYPE") == theirs.count(b"# TYPE")
+    assert ticks > 3, "the event loop did not run while a thousand groups' series were written"

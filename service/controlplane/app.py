@@ -19,6 +19,7 @@ from protocol.registration import agent_group
 from service.controlplane import errors, goodput
 from service.controlplane.agents import AgentClient
 from service.controlplane.bus import EventBus
+from service.controlplane.collector import frozen_survivors, thaw_forever
 from service.controlplane.db import Store
 from service.controlplane.deps import Services
 from service.controlplane.drills import DrillRunner
@@ -49,15 +50,16 @@ def build_services(settings: ControlPlaneSettings) -> Services:
     agents = AgentClient(registry.urls, settings.token, settings.agent_timeout_s)
     control = GroupControl(agents, board)
     lighthouse = LighthouseClient(settings.lighthouse_api, settings.lighthouse_timeout_s, settings.token)
-    metrics.registry.register(StateCollector(board, store, metrics, tracker, project=lambda: goodput.projection(
+    state = StateCollector(board, store, metrics, tracker, project=lambda: goodput.projection(
         store, board.median_step_s(), settings.classic_recovery_json, list(goodput.DEFAULT_GPUS),
-        goodput.Assumptions())))
+        goodput.Assumptions()))
+    metrics.registry.register(state)
     ingest = Ingestor(store, board, metrics, bus, tracker, settings.max_clock_skew_s, settings.max_event_age_s)
     return Services(
         settings=settings, store=store, board=board, bus=bus, ingest=ingest, writer=IngestWriter(ingest),
         agents=agents, registry=registry, control=control, drills=DrillRunner(settings, store, bus, control, agents, lighthouse, tracker),
         lighthouse=lighthouse, stragglers=tracker,
-        metrics_registry=metrics.registry,
+        metrics_registry=metrics.registry, metrics_state=state,
     )
 
 
@@ -71,8 +73,10 @@ def create_app(settings: ControlPlaneSettings) -> FastAPI:
         background = [asyncio.create_task(services.writer.run()), asyncio.create_task(monitor.run()),
                       asyncio.create_task(prune_forever(services.store, settings.event_retention_s,
                                                         settings.event_retention_rows)),
-                      asyncio.create_task(StragglerResponder(services.bus, services.control).run())]
-        yield
+                      asyncio.create_task(StragglerResponder(services.bus, services.control).run()),
+                      asyncio.create_task(thaw_forever(settings.gc_thaw_every_s))]
+        with frozen_survivors():
+            yield
         for task in background:
             task.cancel()
         await services.drills.cancel()

@@ -23,6 +23,7 @@ from service.controlplane.lighthouse import LighthouseClient
 from service.controlplane.registry import AgentRegistry
 from service.controlplane.models import GroupOut, HealOut, SdcIncidentOut, StragglerOut, TransitionOut
 from service.controlplane.settings import ControlPlaneSettings
+from service.controlplane.metrics import StateCollector
 from service.controlplane.stragglers import StragglerTracker
 
 
@@ -41,6 +42,7 @@ class Services:
     lighthouse: LighthouseClient
     stragglers: StragglerTracker
     metrics_registry: CollectorRegistry
+    metrics_state: StateCollector
 
 
 def _services(connection: HTTPConnection) -> Services:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 import httpx
 from pydantic import ValidationError
 
@@ -16,6 +19,19 @@ class LighthouseClient:
     def __init__(self, url: str, timeout_s: float, token: str):
         self.url = url
         self.client = httpx.AsyncClient(base_url=url, timeout=timeout_s, headers={"Authorization": f"Bearer {token}"})
+        self._shared: asyncio.Future[LighthouseStatus] | None = None
+        self._shared_at = 0.0
+
+    async def recent_status(self, max_age_s: float) -> LighthouseStatus:
+        """A status asked for at most ``max_age_s`` ago, one fetch shared by every caller meanwhile
+        (a failure too: LighthouseUnreachable). For views that many clients poll: at hundreds of
+        groups each status costs the Lighthouse a page of every member, from the same lock its
+        quorums take, and one a viewer a second would add up. Measurements call :meth:`status`."""
+        now = time.monotonic()
+        if self._shared is None or (self._shared.done() and now - self._shared_at >= max_age_s):
+            self._shared, self._shared_at = asyncio.ensure_future(self.status()), now
+            self._shared.add_done_callback(lambda f: f.cancelled() or f.exception())  # read even if all hung up
+        return await asyncio.shield(self._shared)  # a caller that hangs up does not cancel the others' fetch
 
     async def status(self) -> LighthouseStatus:
         try:

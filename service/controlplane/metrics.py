@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Callable, get_args
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Summary, disable_created_metrics
@@ -39,7 +40,7 @@ from protocol.ingest import Transport
 from service.controlplane.db import Store
 from service.controlplane.errors import DomainError
 from service.controlplane.fingerprints import FingerprintBook
-from service.controlplane.goodput import GoodputOut
+from service.controlplane.goodput import GoodputOut, Projection
 from service.controlplane.groups import STATES, GroupBoard
 from service.controlplane.stragglers import Pattern, StragglerTracker
 
@@ -164,8 +165,20 @@ class JobMetrics:
             self.fingerprint_mismatch = float(not self.fingerprints.equal_at(e.step))
 
 
+@dataclass(frozen=True)
+class StoredNumbers:
+    """What the gauges read from SQLite: read in a worker thread before each scrape (the store's
+    lock is the writer's too, so reading it on the event loop would wait for a batch's commit)."""
+
+    ingest: dict[int, dict]
+    drill_counts: dict[tuple[str, str], int]
+    last_done: dict[str, dict]
+    """The newest finished drill's report of each kind that has one."""
+    projections: list[Projection]
+
+
 class StateCollector:
-    """Gauges read at scrape time from the board and the store."""
+    """Gauges read at scrape time from the board, and from the store as last read by ``refresh``."""
 
     def __init__(self, board: GroupBoard, store: Store, metrics: JobMetrics, stragglers: StragglerTracker,
                  project: Callable[[], GoodputOut]):
@@ -175,6 +188,20 @@ class StateCollector:
         self.metrics = metrics
         self.stragglers = stragglers
         self.project = project
+        self.stored = self._read_store()
+
+    def refresh(self) -> None:
+        """Reads the store again (blocking: call it in a worker thread)."""
+        self.stored = self._read_store()
+
+    def _read_store(self) -> StoredNumbers:
+        try:
+            projections = self.project().projections
+        except DomainError:  # no drill measured yet, or the model says no progress at that scale
+            projections = []
+        last_done = {kind: rows[0]["report"] or {} for kind in DRILL_KINDS
+                     if (rows := self.store.drills(1, kind=kind, status="done"))}
+        return StoredNumbers(self.store.ingest_stats(), self.store.drill_counts(), last_done, projections)
 
     def collect(self):
         views = self.board.views.values()
@@ -229,7 +256,7 @@ class StateCollector:
             "duplicates": CounterMetricFamily("ftctl_events_duplicate", "events sent again (a retry, a re-read) and "
                                               "stored only once", labels=["group"]),
         }
-        stats = self.store.ingest_stats()
+        stats = self.stored.ingest
         for g in self.board.views:
             for key, family in families.items():
                 family.add_metric([str(g)], stats.get(g, {}).get(key, 0))
@@ -264,7 +291,7 @@ class StateCollector:
                                    "other groups commit again (lighthouse: the longest gap in a group's commits)",
                                    labels=["fault"])
         for fault, (kind, resume_key) in FAULT_CLASSES.items():
-            report = next(iter(self.store.drills(1, kind=kind, status="done")), {}).get("report") or {}
+            report = self.stored.last_done.get(kind, {})
             for family, key in ((detect, "detect_s"), (resume, resume_key)):
                 value = report.get(key)
                 family.add_metric([fault], float("nan") if value is None else value)
@@ -272,7 +299,7 @@ class StateCollector:
         yield resume
 
     def _drills(self):
-        counts = self.store.drill_counts()
+        counts = self.stored.drill_counts
         finished = CounterMetricFamily("ftctl_drills", "drills finished, by kind and outcome", labels=["kind", "status"])
         for kind in DRILL_KINDS:
             for outcome in DRILL_OUTCOMES:
@@ -280,7 +307,7 @@ class StateCollector:
         yield finished
         yield GaugeMetricFamily("ftctl_drills_running", "1 while a drill runs",
                                 value=sum(n for (_, status), n in counts.items() if status == "running"))
-        heal = next(iter(self.store.drills(1, kind="kill-heal", status="done")), {}).get("report")
+        heal = self.stored.last_done.get("kill-heal")
         result = GaugeMetricFamily("ftctl_drill_seconds", "the last kill-heal drill's measured times", labels=["phase"])
         if heal:
             for phase, key in (("detect", "detect_s"), ("survivors_resume", "survivors_resume_s"),
@@ -290,16 +317,13 @@ class StateCollector:
         yield GaugeMetricFamily("ftctl_drill_fingerprints_equal", "1 if the last kill-heal drill found equal state",
                                 value=float(bool(heal.get("fingerprints_equal"))) if heal else float("nan"))
         yield from self._fault_classes()
-        chaos = next(iter(self.store.drills(1, kind="chaos", status="done")), {}).get("report")
+        chaos = self.stored.last_done.get("chaos")
         yield GaugeMetricFamily("ftctl_goodput_ratio", "the last chaos drill's goodput (committed rate vs failure-free)",
                                 value=chaos["goodput"] if chaos and chaos.get("goodput") is not None else float("nan"))
         projected = GaugeMetricFamily("ftctl_goodput_projected_ratio",
                                       "the ledger's goodput at scale with the measured recovery (GET /api/v1/goodput)",
                                       labels=["gpus", "path"])
-        try:
-            for p in self.project().projections:
-                projected.add_metric([str(p.gpus), "torchft" if p.path.startswith("this service") else "classic"],
-                                     p.goodput)
-        except DomainError:  # no drill measured yet, or the model says no progress at that scale
-            pass
+        for p in self.stored.projections:
+            projected.add_metric([str(p.gpus), "torchft" if p.path.startswith("this service") else "classic"],
+                                 p.goodput)
         yield projected

@@ -11,8 +11,9 @@ mutating = APIRouter(prefix="/api/v1/groups", tags=["groups"])
 
 
 @router.get("", response_model=list[GroupOut])
-def list_groups(s: ServicesDep) -> list[GroupOut]:
-    """Every replica group's state, step, loss and last heal."""
+async def list_groups(s: ServicesDep) -> list[GroupOut]:
+    """Every replica group's state, step, loss and last heal. On the event loop: a few
+    milliseconds at 1,000 groups, less than a worker thread's handoff costs under load."""
     return [group_out(v) for v in s.board.views.values()]
 
 

@@ -1,9 +1,13 @@
 from __future__ import annotations
 
+import asyncio
+
 from fastapi import APIRouter, Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from fastapi.responses import StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from service.controlplane.deps import ServicesDep
+from service.controlplane.exposition import exposition
 from service.controlplane.lighthouse import LighthouseUnreachable
 from service.controlplane.models import Health
 
@@ -17,9 +21,10 @@ def healthz() -> Health:
 
 
 @router.get("/metrics", include_in_schema=False)
-def metrics(s: ServicesDep) -> Response:
-    """Prometheus exposition of the job's metrics."""
-    return Response(generate_latest(s.metrics_registry), media_type=CONTENT_TYPE_LATEST)
+async def metrics(s: ServicesDep) -> StreamingResponse:
+    """Prometheus exposition of the job's metrics, written a slice at a time between other work."""
+    await asyncio.to_thread(s.metrics_state.refresh)
+    return StreamingResponse(exposition(s.metrics_registry.collect()), media_type=CONTENT_TYPE_LATEST)
 
 
 @router.get("/readyz", response_model=Health, responses={503: {"model": Health}})

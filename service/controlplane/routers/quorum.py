@@ -11,12 +11,13 @@ router = APIRouter(prefix="/api/v1", tags=["quorum"])
 
 @router.get("/quorum", response_model=QuorumOut)
 async def quorum(s: ServicesDep, authorized: AuthorizedDep) -> QuorumOut:
-    """The quorum as the Lighthouse sees it, joined with what each group last reported. Full
+    """The quorum as the Lighthouse sees it (asked at most ``--quorum-view-max-age-s`` ago, once
+    for every viewer), joined with what each group last reported. Full
     replica ids, Manager and store addresses (what torchft's unauthenticated kill paths take)
     and the raw status come only with the job's token."""
     groups = [group_out(v) for v in s.board.views.values()]
     try:
-        status = await s.lighthouse.status()
+        status = await s.lighthouse.recent_status(s.settings.quorum_view_max_age_s)
     except LighthouseUnreachable as err:
         return QuorumOut(lighthouse_reachable=False, lighthouse_error=str(err), groups=groups)
     by_group = {g.group: g for g in groups}

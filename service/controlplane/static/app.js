@@ -239,8 +239,12 @@ async function refresh() {
 }
 
 async function start() {
-  await renderDrills();
-  await refresh();  // the drills and the groups first: the history below can take a while at hundreds of groups
+  // The groups first, from the board alone: the quorum's answer waits on the Lighthouse, which
+  // at hundreds of groups is busy forming quorums. Then the quorum and the drills, together; the
+  // history below can take a while at hundreds of groups.
+  const groups = await api("GET", "/api/v1/groups");
+  if (groups) renderGroups(groups);
+  await Promise.all([refresh(), renderDrills()]);
   const since = Date.now() / 1000 - 600;
   const shown = ["step", ...NOTABLE];  // the charts' steps and the timeline's kinds
   for (const type of shown) {
