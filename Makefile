@@ -7,8 +7,9 @@ STAMP := $(VENV)/.installed
 GROUPS ?= 2
 RANKS ?= 2
 STEPS ?= 2000
-# Debian packages the tests use: promtool and a real Prometheus, Chromium and its driver.
-SYSTEM_TOOLS := prometheus promtool chromium chromedriver
+# Debian packages the tests use: promtool and a real Prometheus, Chromium and its driver, and
+# iproute2's ip for the network-namespace hosts of the multi-host tests.
+SYSTEM_TOOLS := prometheus promtool chromium chromedriver ip
 
 .PHONY: setup system-deps up test clean
 
@@ -25,7 +26,7 @@ system-deps:
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages for:$$missing"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-	    prometheus chromium chromium-driver >/dev/null; \
+	    prometheus chromium chromium-driver iproute2 >/dev/null; \
 	fi
 
 up: $(STAMP)

@@ -47,12 +47,14 @@ class TrainerGroup:
     log_path: Path
     proc: subprocess.Popen | None = None
     env: dict[str, str] = field(default_factory=dict)
+    host: list[str] = field(default_factory=list)
+    """The prefix that runs it on another host (``tests/netns.py``); none: this one."""
 
     def start(self) -> "TrainerGroup":
         env = {**os.environ, **self.env, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "trainer", "--group", str(self.group), *self.args],
+            [*self.host, sys.executable, "-m", "trainer", "--group", str(self.group), *self.args],
             cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )
         log.close()

@@ -42,8 +42,9 @@ def groups(tmp_path: Path):
     started: list[TrainerGroup] = []
     with Owner() as owner:
 
-        def make(group: int, args: list[str]) -> TrainerGroup:
-            g = TrainerGroup(group, args, tmp_path / f"group{group}-{len(started)}.log", env=owner.env())
+        def make(group: int, args: list[str], host: list[str] = ()) -> TrainerGroup:
+            g = TrainerGroup(group, args, tmp_path / f"group{group}-{len(started)}.log", env=owner.env(),
+                             host=list(host))
             started.append(g)
             return g
 

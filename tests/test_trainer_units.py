@@ -88,6 +88,9 @@ def _closed_port() -> int:
     (["--steps", "0"], "--steps: Input should be greater than or equal to 1"),
     (["--group", "2", "--groups", "2"], "group 2 is not below groups=2"),
     (["--lighthouse", "http://127.0.0.1:{port}"], "cannot reach the torchft Lighthouse"),
+    # refused before the Lighthouse is dialled: no packet leaves for 10.77.0.1
+    (["--advertise-host", "127.0.0.1", "--lighthouse", "http://10.77.0.1:29510"],
+     "would advertise 127.0.0.1 (127.0.0.1, a loopback address) while the Lighthouse is at http://10.77.0.1:29510"),
 ])
 def test_bad_configuration_is_one_clear_line(args, message):
     port = _closed_port()

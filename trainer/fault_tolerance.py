@@ -32,6 +32,7 @@ from torchft.process_group import ManagedProcessGroup, ProcessGroup
 
 from protocol.lighthouse import lighthouse_unreachable
 from protocol.replicas import replica_name
+from trainer.advertise import advertised_host
 from trainer.config import TrainerConfig
 from trainer.errors import ConfigError
 from trainer.state import local
@@ -292,7 +293,7 @@ def build_manager(cfg: TrainerConfig, load_state_dict: Callable[[Any], None],
                   state_dict: Callable[[], Any]) -> tuple[FailFastManager, HealTransport]:
     timeout = timedelta(seconds=cfg.timeout_s)
     pg = ProcessGroupNCCL(timeout=timeout) if cfg.device == "cuda" else AbortableProcessGroupGloo(timeout=timeout)
-    host = cfg.advertise_host or socket.gethostname()
+    host = advertised_host(cfg)
     transport = HealTransport(timeout, host)
     manager = FailFastManager(
         pg=pg,

@@ -18,12 +18,14 @@ CORPUS_PROBE_BYTES = 1 << 16
 
 
 def validate(cfg: TrainerConfig) -> None:
+    from trainer.advertise import use_advertised_interface
     from trainer.corpus import read_corpus
     from trainer.fault_tolerance import check_lighthouse_reachable
     from trainer.model import model_config
 
     cfg.per_rank_batch(cfg.ranks_per_group)
     read_corpus(cfg.data, min(cfg.data_max_bytes, CORPUS_PROBE_BYTES))
+    use_advertised_interface(cfg)  # before the Lighthouse is dialled: a loopback advertisement is refused as it is
     check_lighthouse_reachable(cfg.lighthouse)
     model_config(cfg.flavor)  # last: it imports torch and torchtitan
     if cfg.device == "cuda":

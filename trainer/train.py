@@ -38,6 +38,7 @@ from protocol.files import write_model
 from protocol.lighthouse import lighthouse_unreachable
 from protocol.quarantine import Quarantine, quarantine_file
 from protocol.spare import readiness_file
+from trainer.advertise import use_advertised_interface
 from trainer.checkpoint import Checkpointer, Found, Saved, step_of
 from trainer.config import TrainerConfig
 from trainer.fault_tolerance import (
@@ -137,6 +138,7 @@ class RankTrainer:
     def __init__(self, cfg: TrainerConfig, process_start: float, stop: StopRequest, forked: bool = False):
         self.cfg = cfg
         t_imports = time.time()
+        use_advertised_interface(cfg)  # gloo reads its interface when a process group is made
         check_lighthouse_reachable(cfg.lighthouse)
         self.device, backend = init_device(cfg)
         dist.init_process_group(backend)
