@@ -4,6 +4,7 @@ real addresses and interfaces, as on a first multi-host job."""
 from __future__ import annotations
 
 import socket
+import time
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -81,3 +82,27 @@ def test_a_group_advertising_loopback_to_a_lighthouse_on_another_host_is_refused
     assert g.proc.wait(timeout=120) == 2, g.output()
     [line] = g.output().strip().splitlines()
     assert line.startswith("trainer: error: this group would advertise") and hosts.address(1) in line, line
+
+
+def test_a_group_whose_host_is_cut_off_from_everyone_is_left_out_and_the_others_train_on(hosts, groups, tmp_path):
+    """Host 3 loses its link (the Lighthouse included), as a node that drops off the network:
+    to the others it is a lost node. Its collectives time out, its heartbeats stop reaching the
+    Lighthouse, and the next quorum is the two that can still talk."""
+    events_dir = tmp_path / "events"
+    args = ["--lighthouse", hosts.lighthouse, "--groups", "3", "--steps", "10000", "--events-dir", str(events_dir),
+            *SMALL]
+    for g in range(3):
+        groups(g, [*args, "--advertise-host", hosts.address(g + 1)], host=hosts.run(g + 1)).start()
+
+    def together(n: int, since: float = 0.0, members=(0, 1, 2)) -> bool:
+        events = read_events(events_dir)
+        return all(len([e for e in committed_steps(events, g, since=since) if e["participants"] == len(members)]) >= n
+                   for g in members)
+
+    wait_for(lambda: together(3), 240, "three groups on three hosts committing together")
+    cut_at = time.time()
+    hosts.net.isolate(3)
+    wait_for(lambda: together(3, cut_at, members=(0, 1)), 120, "groups 0 and 1 to commit without group 2")
+    first = min(e["ts"] for g in (0, 1) for e in committed_steps(read_events(events_dir), g, since=cut_at)
+                if e["participants"] == 2)
+    print(f"host of group 2 cut off: groups 0 and 1 committed again {first - cut_at:.1f} s later")
