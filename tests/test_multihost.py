@@ -84,25 +84,51 @@ def test_a_group_advertising_loopback_to_a_lighthouse_on_another_host_is_refused
     assert line.startswith("trainer: error: this group would advertise") and hosts.address(1) in line, line
 
 
+def train_three(hosts: Hosts, groups, events_dir: Path, *extra: str) -> list:
+    """Three groups on hosts 1 to 3, training until stopped, once all three commit together."""
+    args = ["--lighthouse", hosts.lighthouse, "--groups", "3", "--steps", "10000", "--events-dir", str(events_dir),
+            *SMALL, *extra]
+    started = [groups(g, [*args, "--advertise-host", hosts.address(g + 1)], host=hosts.run(g + 1)).start()
+               for g in range(3)]
+    wait_for(lambda: together(events_dir, 3), 240, "three groups on three hosts committing together")
+    return started
+
+
+def together(events_dir: Path, n: int, since: float = 0.0, members=(0, 1, 2)) -> bool:
+    """Every one of ``members`` committed ``n`` steps with exactly them since ``since``."""
+    events = read_events(events_dir)
+    return all(len([e for e in committed_steps(events, g, since=since) if e["participants"] == len(members)]) >= n
+               for g in members)
+
+
+def resumed_s(events_dir: Path, since: float) -> float:
+    """From ``since`` to the first step groups 0 and 1 committed as two."""
+    return min(e["ts"] for g in (0, 1) for e in committed_steps(read_events(events_dir), g, since=since)
+               if e["participants"] == 2) - since
+
+
 def test_a_group_whose_host_is_cut_off_from_everyone_is_left_out_and_the_others_train_on(hosts, groups, tmp_path):
     """Host 3 loses its link (the Lighthouse included), as a node that drops off the network:
     to the others it is a lost node. Its collectives time out, its heartbeats stop reaching the
     Lighthouse, and the next quorum is the two that can still talk."""
     events_dir = tmp_path / "events"
-    args = ["--lighthouse", hosts.lighthouse, "--groups", "3", "--steps", "10000", "--events-dir", str(events_dir),
-            *SMALL]
-    for g in range(3):
-        groups(g, [*args, "--advertise-host", hosts.address(g + 1)], host=hosts.run(g + 1)).start()
-
-    def together(n: int, since: float = 0.0, members=(0, 1, 2)) -> bool:
-        events = read_events(events_dir)
-        return all(len([e for e in committed_steps(events, g, since=since) if e["participants"] == len(members)]) >= n
-                   for g in members)
-
-    wait_for(lambda: together(3), 240, "three groups on three hosts committing together")
+    train_three(hosts, groups, events_dir)
     cut_at = time.time()
     hosts.net.isolate(3)
-    wait_for(lambda: together(3, cut_at, members=(0, 1)), 120, "groups 0 and 1 to commit without group 2")
-    first = min(e["ts"] for g in (0, 1) for e in committed_steps(read_events(events_dir), g, since=cut_at)
-                if e["participants"] == 2)
-    print(f"host of group 2 cut off: groups 0 and 1 committed again {first - cut_at:.1f} s later")
+    wait_for(lambda: together(events_dir, 3, cut_at, members=(0, 1)), 120, "groups 0 and 1 to commit without group 2")
+    print(f"host of group 2 cut off: groups 0 and 1 committed again {resumed_s(events_dir, cut_at):.1f} s later")
+
+
+def test_a_group_cut_off_from_the_lighthouse_alone_stops_saying_why_and_the_others_train_on(hosts, groups, tmp_path):
+    """Host 3 still reaches the other groups but not the Lighthouse's host: its heartbeats stop,
+    the others' next quorum leaves it out, and it stops after --quorum-timeout-s with the reason."""
+    events_dir = tmp_path / "events"
+    third = train_three(hosts, groups, events_dir, "--quorum-timeout-s", "4")[2]
+    cut_at = time.time()
+    hosts.net.cut(0, 3)
+    wait_for(lambda: together(events_dir, 3, cut_at, members=(0, 1)), 120, "groups 0 and 1 to commit without group 2")
+    third.proc.wait(timeout=120)
+    [exit_event] = [e for e in read_events(events_dir, 2) if e["type"] == "exit" and e["rank"] == 0]
+    assert exit_event["reason"] == "lighthouse-away" and "takes no connection" in exit_event["error"], exit_event
+    print(f"group 2 cut off from the Lighthouse: groups 0 and 1 committed again {resumed_s(events_dir, cut_at):.1f} s "
+          f"later; group 2 stopped {exit_event['ts'] - cut_at:.1f} s after the cut")
