@@ -49,3 +49,30 @@ def test_only_exact_names_are_checkpoints_and_a_bad_manifest_is_a_skip_not_a_cra
     assert reasons[step_dir_name(70)] == reasons[step_dir_name(60)] == "the manifest lists no files"
     assert reasons[step_dir_name(50)].startswith("unreadable manifest")
     assert verify(good) is None
+
+
+def test_a_warm_spare_leaves_the_live_groups_save_in_flight_and_its_promotion_clears_it(tmp_path):
+    """A warm spare starts beside the live group of its number: its resume must not take the
+    live group's save in flight for a crash's leftover (that save then failed, and the group
+    crashed, in the service's chaos test). Once promoted, the old processes are gone, and so goes
+    their unfinished folder; another group's is never touched."""
+    import torch.distributed as dist
+
+    from trainer.checkpoint import Checkpointer
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        root = tmp_path / "checkpoints"
+        in_flight = root / f".{step_dir_name(60)}.tmp-g0"
+        in_flight.mkdir(parents=True)
+        (in_flight / "__0_0.distcp").write_bytes(b"being written")
+        other = root / f".{step_dir_name(60)}.tmp-g1"
+        other.mkdir()
+        ckpt = Checkpointer(root, group=0, keep=2, every=10, state=dict, restore=lambda state: None,
+                            asynchronous=False)
+        assert ckpt.choose(print, clear_unpublished=False) is None
+        assert in_flight.exists(), "the spare's resume removed the live group's save in flight"
+        ckpt.clear_unpublished()
+        assert not in_flight.exists() and other.exists()
+    finally:
+        dist.destroy_process_group()

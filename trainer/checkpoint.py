@@ -166,10 +166,12 @@ class Checkpointer:
     def _staging(self, final: Path) -> Path:
         return self.root / f".{final.name}.tmp-g{self.group}"
 
-    def _clear_unpublished(self) -> None:
-        """Remove this group's folders of saves that never finished (a crash mid-write): a save
-        writes into its folder without emptying it first, so no earlier try may be left there."""
-        if self.root.is_dir():
+    def clear_unpublished(self) -> None:
+        """Rank 0 removes this group's folders of saves that never finished (a crash mid-write): a
+        save writes into its folder without emptying it first, so no earlier try may be left there.
+        Only where no other process of the group may be writing: never from a warm spare waiting
+        beside the live group, whose save in flight is such a folder too."""
+        if dist.get_rank() == 0 and self.root.is_dir():
             for folder in self.root.glob(f".step-*.tmp-g{self.group}"):
                 shutil.rmtree(folder, ignore_errors=True)
 
@@ -287,13 +289,15 @@ class Checkpointer:
             self.writes_group = None
         return done
 
-    def choose(self, warn) -> Found | None:
-        """Rank 0 picks the newest complete checkpoint; every rank of the group gets its pick, or
-        the same error (a rank 0 that failed alone would leave the others waiting for its pick)."""
+    def choose(self, warn, clear_unpublished: bool = True) -> Found | None:
+        """Rank 0 picks the newest complete checkpoint (having cleared unfinished saves, with
+        ``clear_unpublished``); every rank of the group gets its pick, or the same error (a rank 0
+        that failed alone would leave the others waiting for its pick)."""
         pick: list[Found | str | None] = [None]
         if dist.get_rank() == 0:
             try:
-                self._clear_unpublished()
+                if clear_unpublished:
+                    self.clear_unpublished()
                 pick[0] = newest_complete(self.root, warn)
             except OSError as err:
                 pick[0] = f"cannot read the checkpoints in {self.root}: {err}"

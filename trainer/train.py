@@ -169,7 +169,8 @@ class RankTrainer:
                 restore=self._restore_checkpoint, asynchronous=cfg.checkpoint_async,
                 timeout=timedelta(seconds=cfg.timeout_s),
             )
-            self._resume()
+            # a warm spare waits beside the live group: the live group's save in flight is not to be cleared
+            self._resume(clear_unpublished=cfg.spare_promote_file is None)
         t_ckpt = time.time()
 
         spare_wait_s = self._wait_as_spare(stop) if cfg.spare_promote_file else 0.0
@@ -222,6 +223,7 @@ class RankTrainer:
             time.sleep(SPARE_POLL_S)
         waited = time.time() - start
         if self.checkpointer is not None:
+            self.checkpointer.clear_unpublished()  # the group's old processes are gone, their unfinished saves with them
             newest = self.checkpointer.newest_name()
             if newest is not None and (self.loaded is None or newest != self.loaded.path.name):
                 self._resume()
@@ -245,14 +247,14 @@ class RankTrainer:
         self.live.restore_checkpoint(state)
         self.manager_state = dict(state["torchft"])  # the step count and batches committed
 
-    def _resume(self) -> None:
+    def _resume(self, clear_unpublished: bool = True) -> None:
         def warn(path: Path, reason: str) -> None:
             log.warning("skipping checkpoint %s: %s", path, reason)
             self._say(f"warning: skipping incomplete checkpoint {path.name}: {reason}")
             self.sink.emit(CheckpointEvent, action="skipped", step=step_of(path),
                            seconds=0.0, path=str(path), reason=reason)
 
-        found = self.checkpointer.choose(warn)
+        found = self.checkpointer.choose(warn, clear_unpublished)
         if found is None:
             return
         seconds = self.checkpointer.load(found.path)
