@@ -145,7 +145,10 @@ def test_web_page_kill_and_heal_in_chromium(live, kill_heal_drill):
         card = lambda: driver.find_element(By.ID, "group-1")  # noqa: E731
         wait_for(quietly(lambda: card().get_attribute("data-state") == "training"), 30, "the page to show group 1 training")
         assert "https://" not in driver.page_source.split("<body")[0], "the page loads something from the internet"
-        crash = driver.find_element(By.CSS_SELECTOR, '#fault-classes tr[data-fault="crash"]').text
+        # the groups come first on the page, the drills with the quorum just after
+        crash = wait_for(quietly(lambda: driver.find_element(By.CSS_SELECTOR,
+                                                             '#fault-classes tr[data-fault="crash"]').text), 10,
+                         "the detection by fault class on the page")
         assert crash == f"crash {kill_heal_drill['report']['detect_s']:.2f}s " \
                         f"{kill_heal_drill['report']['survivors_resume_s']:.2f}s", "detection by fault class on the page"
         driver.find_element(By.ID, "token").send_keys(TOKEN)
