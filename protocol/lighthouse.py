@@ -76,14 +76,20 @@ class LighthouseKilled(BaseModel):
     restart_at: float = Field(description="when the wrapper will start a new one")
 
 
-def lighthouse_unreachable(address: str, timeout_s: float) -> str | None:
-    """Why torchft's Lighthouse at ``host:port`` (or ``http://host:port``) takes no connection, or
-    None when it does. Raises ValueError for an address that is neither."""
+def lighthouse_endpoint(address: str) -> tuple[str, int]:
+    """The host and port of a Lighthouse address, ``host:port`` or ``http://host:port``. Raises
+    ValueError for an address that is neither."""
     parts = urlsplit(address if "://" in address else f"http://{address}")
     if not parts.hostname or not parts.port:
         raise ValueError(f"--lighthouse {address!r} is not host:port or http://host:port")
+    return parts.hostname, parts.port
+
+
+def lighthouse_unreachable(address: str, timeout_s: float) -> str | None:
+    """Why torchft's Lighthouse at ``host:port`` (or ``http://host:port``) takes no connection, or
+    None when it does. Raises ValueError for an address that is neither."""
     try:
-        socket.create_connection((parts.hostname, parts.port), timeout=timeout_s).close()
+        socket.create_connection(lighthouse_endpoint(address), timeout=timeout_s).close()
     except OSError as err:
         return str(err.strerror or err)
     return None

@@ -15,7 +15,6 @@ from __future__ import annotations
 import ipaddress
 import socket
 from collections.abc import Mapping, Sequence
-from urllib.parse import urlsplit
 
 GLOO_INTERFACE_ENV = "GLOO_SOCKET_IFNAME"
 
@@ -70,11 +69,3 @@ def advertise_problem(advertised: str, address: str, lighthouse: str, lighthouse
     return (f"this group would advertise {advertised} ({address}, a loopback address) while the Lighthouse is at "
             f"{lighthouse}: groups on other hosts could not reach its manager, store and collectives; pass "
             f"--advertise-host with this host's address on the network the groups share{hint}")
-
-
-def lighthouse_host(url: str) -> str:
-    """The host of a Lighthouse address (``http://host:port``)."""
-    host = urlsplit(url if "//" in url else f"//{url}").hostname
-    if not host:
-        raise ValueError(f"no host in the Lighthouse address {url!r}")
-    return host

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from protocol.network import GLOO_INTERFACE_ENV, advertise_problem, interface_of, lighthouse_host, reachable_addresses
+from protocol.lighthouse import lighthouse_endpoint
+from protocol.network import GLOO_INTERFACE_ENV, advertise_problem, interface_of, reachable_addresses
 from trainer.advertise import use_advertised_interface
 from trainer.config import TrainerConfig
 from trainer.errors import ConfigError
@@ -42,11 +43,11 @@ def test_a_loopback_advertisement_is_refused_only_when_the_lighthouse_is_elsewhe
 
 
 def test_the_lighthouse_host_of_each_way_to_write_its_address():
-    assert lighthouse_host("http://10.77.0.1:29510") == "10.77.0.1"
-    assert lighthouse_host("lighthouse:29510") == "lighthouse"
-    assert lighthouse_host("http://[fd00::1]:29510") == "fd00::1"
+    assert lighthouse_endpoint("http://10.77.0.1:29510")[0] == "10.77.0.1"
+    assert lighthouse_endpoint("lighthouse:29510")[0] == "lighthouse"
+    assert lighthouse_endpoint("http://[fd00::1]:29510")[0] == "fd00::1"
     with pytest.raises(ValueError):
-        lighthouse_host("http://:29510")
+        lighthouse_endpoint("http://:29510")
 
 
 def test_the_trainer_points_gloo_at_the_advertised_interface_unless_told_otherwise():

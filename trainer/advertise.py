@@ -9,8 +9,8 @@ from collections.abc import MutableMapping
 
 import psutil
 
-from protocol.network import (GLOO_INTERFACE_ENV, advertise_problem, interface_of, lighthouse_host,
-                              reachable_addresses, resolve)
+from protocol.lighthouse import lighthouse_endpoint
+from protocol.network import GLOO_INTERFACE_ENV, advertise_problem, interface_of, reachable_addresses, resolve
 from trainer.config import TrainerConfig
 from trainer.errors import ConfigError
 
@@ -32,7 +32,7 @@ def use_advertised_interface(cfg: TrainerConfig, env: MutableMapping[str, str] =
         raise ConfigError(f"--advertise-host {host} does not resolve here ({err}); pass this host's address") from None
     interfaces = {name: [a.address for a in addrs] for name, addrs in psutil.net_if_addrs().items()}
     try:
-        lighthouse_address = resolve(lighthouse_host(cfg.lighthouse))
+        lighthouse_address = resolve(lighthouse_endpoint(cfg.lighthouse)[0])
     except (ValueError, OSError):
         lighthouse_address = None  # the reachability check says what is wrong with it
     if lighthouse_address is not None:
