@@ -4,7 +4,9 @@
 wedged driver leaves them. The other kinds need the rank's help: the agent writes an
 :class:`Injection` to ``{events_dir}/g{g}.inject``, and every rank of the group reads it
 (a new ``id`` is a new injection) and acts on it inside its next step: ``stuck`` sleeps there
-once, ``slow`` sleeps ``delay_ms`` before every forward until ``until`` (a straggler),
+once, ``slow`` sleeps ``delay_ms`` before every forward until ``until`` (a straggler; with
+``every`` N, only at the steps whose number is ``offset`` modulo N: given to each group with its
+own offset, slowness that moves from group to group step by step, as uneven batches make it),
 ``corrupt`` multiplies the largest element of the first gradient shard it hands to the
 cross-group all-reduce by ``scale`` (at its next step, or every step until ``until`` when
 ``persistent``: silent data corruption), ``watch`` measures every step's update norm until
@@ -16,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from protocol.files import read_model
 
@@ -36,8 +38,18 @@ class InjectRequest(BaseModel):
     seconds: float = Field(3600.0, gt=0, le=86_400, description="stuck: how long the rank sleeps inside its step; "
                            "slow: how long the ranks stay slow")
     delay_ms: float = Field(0.0, ge=0, le=60_000, description="slow: the sleep before every forward")
+    every: int = Field(1, ge=1, le=10_000, description="slow: only at every `every`-th step, those whose number is "
+                       "`offset` modulo `every` (default: every step)")
+    offset: int = Field(0, ge=0, le=9_999, description="slow: which of the `every` steps (below `every`)")
     scale: float = Field(1e4, ge=-1e30, le=1e30, description="corrupt: the factor the gradient element is multiplied by")
     persistent: bool = Field(False, description="corrupt: every step (for `seconds`), not once")
+
+    @model_validator(mode="after")
+    def _offset_below_every(self) -> "InjectRequest":
+        if self.offset >= self.every:
+            raise ValueError(f"offset {self.offset} must be below every {self.every}: the steps whose number is "
+                             f"offset modulo every are slowed")
+        return self
 
 
 class InjectResult(BaseModel):
@@ -58,6 +70,8 @@ class Injection(BaseModel):
     pids: list[int]
     seconds: float
     delay_s: float = 0.0
+    every: int = 1
+    offset: int = 0
     until: float = Field(0.0, description="slow, watch, persistent corrupt: Unix time it ends")
     scale: float = 1.0
     persistent: bool = False

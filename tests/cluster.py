@@ -28,14 +28,18 @@ def read_events(events_dir: Path, group: int | None = None) -> list[dict]:
     return events
 
 
-def wait_for(predicate: Callable[[], object], timeout_s: float, what: str, poll_s: float = 0.2):
+def wait_for(predicate: Callable[[], object], timeout_s: float, what: str, poll_s: float = 0.2,
+             explain: Callable[[], str] | None = None):
+    """The predicate's first true value; at the deadline, an AssertionError that names ``what``
+    and adds ``explain()`` (what the job looked like then: a CI run leaves nothing else)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         value = predicate()
         if value:
             return value
         time.sleep(poll_s)
-    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}"
+                         + (f"\n{explain()}" if explain is not None else ""))
 
 
 @dataclass

@@ -13,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from protocol.agent import STATUS_PATH, AgentStatus, command_path
 from protocol.files import read_model, write_model
+from protocol.injection import INJECT_PATH
 from service.agent.app import create_app
 from service.agent.config import AgentSettings
 from service.agent.pidfile import PidRecord, forget_pid, reap_pidfile, record_pid
@@ -67,8 +68,14 @@ def test_the_agents_api_answers_in_the_protocols_models_and_counts_with_counters
         status = AgentStatus.model_validate(api.get(STATUS_PATH).json())
         assert (status.group, status.state, status.pids, status.spare) == (1, "down", [], None)
         assert api.post(command_path("kill")).status_code == 401
-        kill = api.post(command_path("kill"), headers={"Authorization": "Bearer agent-token-0123456789abcdef"})
+        auth = {"Authorization": "Bearer agent-token-0123456789abcdef"}
+        kill = api.post(command_path("kill"), headers=auth)
         assert kill.status_code == 409 and kill.json() == {"detail": "group 1 is not running"}
+        rotating = {"kind": "slow", "delay_ms": 300, "every": 3, "offset": 3}
+        wrong = api.post(INJECT_PATH, headers=auth, json=rotating)
+        assert wrong.status_code == 422 and "offset 3 must be below every 3" in wrong.text
+        no_rank = api.post(INJECT_PATH, headers=auth, json={**rotating, "offset": 2})
+        assert no_rank.status_code == 409 and "group 1 has no rank up" in no_rank.json()["detail"]
         families = {f.name: f for f in text_string_to_metric_families(api.get("/metrics").text)}
     for name in ("ftctl_agent_events_dropped", "ftctl_agent_events_refused", "ftctl_agent_events_invalid",
                  "ftctl_agent_events_forwarded", "ftctl_agent_group_starts"):

@@ -27,7 +27,8 @@ from processes import Owner
 from protocol.tokens import TOKEN_VARIABLES, group_token
 from protocol.torchrun import free_port
 from service.proctree import process_tree
-from up_job import AUTH, TOKEN, UpJob, all_training, all_training_again, ftctl, ftctl_up, groups, json_out
+from up_job import (AUTH, TOKEN, UpJob, all_training, all_training_again, ftctl, ftctl_up, groups, job_snapshot,
+                    json_out)
 
 ARTIFACTS = REPO / "test-artifacts"
 
@@ -95,7 +96,7 @@ def test_rest_kill_and_rejoin_promotes_the_warm_spare(live):
     assert rejoined.status_code == 200 and rejoined.json()["group_state"]["state"] == "starting"
     rejoined_at = time.time()
     wait_for(lambda: groups(api)[0]["state"] == "training" and (groups(api)[0]["last_heal"] or {}).get("ts", 0) > rejoined_at,
-             240, "group 0 to heal and train again")
+             240, "group 0 to heal and train again", explain=lambda: job_snapshot(api))
     states = [t["state"] for t in api.get("/api/v1/groups/0").json()["transitions"]]
     assert states[-5:] == ["down", "starting", "joining", "healing", "training"]
     process = api.get("/api/v1/events", params={"group": 0, "type": "process", "since": killed_at}).json()["events"]
@@ -163,7 +164,8 @@ def test_web_page_kill_and_heal_in_chromium(live, kill_heal_drill):
         wait_for(quietly(lambda: card().get_attribute("data-state") == "training" and any(
             e["committed"] and e["participants"] == 2 and e["rank"] == 0 for e in live.api.get(
                 "/api/v1/events", params={"type": "step", "group": 1, "since": clicked_at}).json()["events"])), 240,
-                 "group 1 to come back on the page and train beside group 0")
+                 "group 1 to come back on the page and train beside group 0",
+                 explain=lambda: f"the card says {card().get_attribute('data-state')}\n{job_snapshot(live.api)}")
         caught_up = live.api.get("/api/v1/events", params={"type": ["heal", "start"], "group": 1, "since": clicked_at}).json()
         assert any(e["type"] == "heal" or e.get("resumed_step") for e in caught_up["events"]), caught_up
         wait_for(quietly(lambda: "healed at step" in driver.find_element(By.ID, "events").text), 30,

@@ -168,30 +168,29 @@ def test_with_three_groups_a_corruption_is_rerun_by_another_group_and_shown_on_t
         assert not other.is_displayed() or f"step {r['step']}:" not in other.get_attribute("title")
 
 
-TURN_S = 0.5
-"""One group's turn of slowness: about one step here (0.3 s of work + the 300 ms sleep), two at
-most. A group then computes longest in at most 2 turns × 2 steps of a 10-step window, 40%, under
-the detector's 60% for a persistent straggler. (With 1 s turns a group sometimes got 3 steps a
-turn, two turns in one window: 60%, and the test failed one run in two.)"""
+ROTATING_S = 12.0
+"""About 20 steps here (0.3 s of work + the 300 ms sleep): two of the detector's 10-step windows."""
 
 
 def test_slowness_that_rotates_from_group_to_group_is_never_flagged(job):
-    """Every group in turn sleeps 300 ms before each forward for half a second, eight rounds: some
-    group is slow at almost every step, none step after step. The detector calls it rotating (data
-    imbalance, as most stragglers are) and flags nobody."""
+    """Group g sleeps 300 ms before the forward of each step whose number is g modulo 3: some
+    group is slow at every step, none step after step. The detector calls it rotating (data
+    imbalance, as most stragglers are) and flags nobody. (Turns by the clock instead, half a
+    second each, slowed one group step after step once the steps took as long as a round of
+    turns: on a slower machine it was flagged.)"""
     wait_for(lambda: all_training(job.api), 240, "all three groups training")
     agents = job.connection()["agents"]
-    patterns, flagged = set(), set()
-    for turn in range(24):
-        injected = httpx.post(f"{agents[str(turn % 3)]}/inject", headers=agent_auth(turn % 3), timeout=30,
-                              json={"kind": "slow", "delay_ms": 300, "seconds": TURN_S})
+    for g in range(3):
+        injected = httpx.post(f"{agents[str(g)]}/inject", headers=agent_auth(g), timeout=30,
+                              json={"kind": "slow", "delay_ms": 300, "seconds": ROTATING_S, "every": 3, "offset": g})
         assert injected.status_code == 200, injected.text
-        end = time.time() + TURN_S
-        while time.time() < end:
-            view = job.api.get("/api/v1/stragglers").json()
-            patterns.add(view["pattern"])
-            if view["flagged"] is not None:
-                flagged.add(view["flagged"])
-            time.sleep(0.1)
+    patterns, flagged = set(), set()
+    end = time.time() + ROTATING_S
+    while time.time() < end:
+        view = job.api.get("/api/v1/stragglers").json()
+        patterns.add(view["pattern"])
+        if view["flagged"] is not None:
+            flagged.add(view["flagged"])
+        time.sleep(0.1)
     assert flagged == set(), f"rotating slowness flagged group(s) {flagged}"
     assert "rotating" in patterns and "persistent" not in patterns, patterns

@@ -11,8 +11,9 @@ PIDS = {101, 102}
 STEPS = [0.4, 0.45, 0.5, 0.4, 0.42, 0.47]  # median 0.435 s: bound max(1.0, 1.305) = 1.305 s
 
 
-def beacon(phase: str, in_phase_s: float, age_s: float = 0.05, pid: int = 101, step: int = 40) -> Beacon:
-    return Beacon(pid=pid, phase=phase, since=NOW - in_phase_s, step=step, ts=NOW - age_s)
+def beacon(phase: str, in_phase_s: float, age_s: float = 0.05, pid: int = 101, step: int = 40,
+           starved_s: float = 0.0) -> Beacon:
+    return Beacon(pid=pid, phase=phase, since=NOW - in_phase_s, step=step, ts=NOW - age_s, starved_s=starved_s)
 
 
 def verdict(*beacons: Beacon | None, steps=STEPS) -> str | None:
@@ -40,10 +41,26 @@ def test_a_rank_stuck_in_its_step_names_the_ranks_that_wait_for_it_too():
     """Rank 1 sleeps in its forward; rank 0 waits for it in FSDP's all-gather, in the same phase."""
     said = verdict(beacon("compute", 1.5), beacon("compute", 1.6, pid=102))
     assert said == "ranks 0, 1 in compute at step 40 for 1.6 s (bound 1.3 s: 3 × median step 0.43 s, floor 1 s)"
-    # rank 0 entered its all-gather a moment before the stuck rank 1 began to sleep: rank 0 crosses first
-    said = verdict(beacon("compute", 1.4), beacon("compute", 1.2, pid=102))
+    # rank 0 entered its all-gather a moment before the stuck rank 1 began to sleep: the group is
+    # hung once both are over the bound, named by the one longest in its phase
+    assert verdict(beacon("compute", 1.4), beacon("compute", 1.2, pid=102)) is None
+    said = verdict(beacon("compute", 1.42), beacon("compute", 1.35, pid=102))
     assert said == "ranks 0, 1 in compute at step 40 for 1.4 s (bound 1.3 s: 3 × median step 0.43 s, floor 1 s)"
     assert verdict(beacon("compute", 1.4), beacon("compute", 0.1, pid=102, step=41)).startswith("rank 0 in compute")
+
+
+def test_time_spent_waiting_for_a_cpu_is_slow_not_stuck():
+    """A busy machine (a browser starting beside three groups on two cores) keeps a rank runnable
+    but off the CPU: its phase lasts past the bound, its beacon says how much of it was that wait."""
+    assert verdict(beacon("compute", 1.6, starved_s=0.9)) is None
+    said = verdict(beacon("compute", 2.5, starved_s=0.9))
+    assert said == ("rank 0 in compute at step 40 for 2.5 s (0.9 s of it waiting for a CPU, not counted) "
+                    "(bound 1.3 s: 3 × median step 0.43 s, floor 1 s)")
+    # the starved rank keeps its peer blocked in FSDP's all-gather: no CPU wait there, but the
+    # group is not hung while the rank it waits for is under the bound
+    assert verdict(beacon("compute", 1.6), beacon("compute", 1.6, pid=102, starved_s=0.8)) is None
+    # a rank stuck sleeping is off the CPU by its own doing: it waits for nothing, and is hung
+    assert verdict(beacon("compute", 1.6), beacon("compute", 1.6, pid=102, starved_s=0.01)).startswith("ranks 0, 1")
 
 
 def test_waiting_on_other_groups_or_starting_is_never_a_hang():

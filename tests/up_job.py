@@ -92,7 +92,21 @@ def all_training_again(api: httpx.Client, timeout_s: float = 240) -> None:
     for g, view in groups(api).items():
         if view["state"] == "down":
             api.post(f"/api/v1/groups/{g}/rejoin", headers=AUTH)
-    wait_for(lambda: all_training(api), timeout_s, "every group training")
+    wait_for(lambda: all_training(api), timeout_s, "every group training", explain=lambda: job_snapshot(api))
+
+
+def job_snapshot(api: httpx.Client, events: int = 12) -> str:
+    """The groups and the job's last notable events, one line each: what a timed-out wait saw."""
+    lines = [f"group {g}: {v['state']} step {v['step']} restarts {v['restarts']} down_reason {v['down_reason']}"
+             for g, v in groups(api).items()]
+    try:
+        page = api.get("/api/v1/events", params={"type": ["process", "start", "heal", "quorum", "exit"],
+                                                  "since": time.time() - 300, "limit": 1000}).json()["events"]
+    except (httpx.HTTPError, ValueError, KeyError) as e:
+        page = [{"error": repr(e)}]
+    lines += [json.dumps({k: v for k, v in e.items() if v not in (None, [], {})}, default=str)[:300]
+              for e in page[-events:]]
+    return "\n".join(lines)
 
 
 def ftctl(state: Path, *args: str) -> subprocess.CompletedProcess:

@@ -45,16 +45,17 @@ class InjectedFaults:
                         case _:
                             self._pending = injection
 
-    def stall(self) -> None:
-        """Inside the step, before the forward: a ``stuck`` injection sleeps here once, as a rank
-        stuck in Python would; a ``slow`` one sleeps its delay every step until it ends."""
+    def stall(self, step: int) -> None:
+        """Inside step ``step``, before the forward: a ``stuck`` injection sleeps here once, as a
+        rank stuck in Python would; a ``slow`` one sleeps its delay at each of its steps until it ends."""
         injection, self._pending = self._pending, None
         if injection is not None:
             time.sleep(injection.seconds)
         slow = self._slow
         if slow is not None:
             if time.time() < slow.until:
-                time.sleep(slow.delay_s)
+                if step % slow.every == slow.offset:
+                    time.sleep(slow.delay_s)
             else:
                 self._slow = None
 

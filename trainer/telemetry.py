@@ -111,31 +111,49 @@ class TorchftLogBridge(logging.Handler):
             logger.addHandler(self)
 
 
+SCHEDSTAT = Path("/proc/self/schedstat")
+"""The main thread's scheduler counters (run ns, run-queue wait ns, timeslices): the training loop
+runs there; the file names the thread-group leader whichever thread reads it."""
+
+
+def run_queue_wait_s() -> float:
+    """How long this process's main thread has been runnable but waiting for a CPU, in all; 0.0
+    where the kernel keeps no schedstat."""
+    try:
+        return int(SCHEDSTAT.read_bytes().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
 class ProgressBeacon:
     """This rank's phase for its agent's hang watchdog (``protocol/beacon.py``).
 
-    The training loop calls :meth:`enter` at each phase change (two attribute writes); a daemon
-    thread rewrites the beacon file every ``BEACON_INTERVAL_S``. A stopped process stops the
-    thread too, and a rank stuck inside its step keeps reporting the phase it is stuck in.
+    The training loop calls :meth:`enter` at each phase change (a read of its run-queue wait, a
+    few microseconds, and one attribute write); a daemon thread rewrites the beacon file every
+    ``BEACON_INTERVAL_S``, with the wait for a CPU since the phase began. A stopped process stops
+    the thread too, and a rank stuck inside its step keeps reporting the phase it is stuck in.
     """
 
     def __init__(self, events_dir: Path, group: int, rank: int):
         self.path = events_dir / beacon_file_name(group, rank)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._state: tuple[Phase, float, int] = ("starting", time.time(), 0)  # replaced whole: no torn reads
+        # (phase, since, step, run-queue wait at since): replaced whole, no torn reads
+        self._state: tuple[Phase, float, int, float] = ("starting", time.time(), 0, run_queue_wait_s())
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat, name="ft-beacon", daemon=True)
         self._thread.start()
 
     def enter(self, phase: Phase, step: int | None = None) -> None:
-        self._state = (phase, time.time(), self._state[2] if step is None else step)
+        self._state = (phase, time.time(), self._state[2] if step is None else step, run_queue_wait_s())
 
     def _beat(self) -> None:
         pid = os.getpid()
         while True:
-            phase, since, step = self._state
+            phase, since, step, waited_at_since = self._state
+            now = time.time()
+            starved = min(max(0.0, run_queue_wait_s() - waited_at_since), max(0.0, now - since))
             try:
-                write_model(self.path, Beacon(pid=pid, phase=phase, since=since, step=step, ts=time.time()))
+                write_model(self.path, Beacon(pid=pid, phase=phase, since=since, step=step, ts=now, starved_s=starved))
             except OSError:
                 pass  # a full or missing disk must not stop training; the watchdog then sees silence
             if self._stop.wait(BEACON_INTERVAL_S):

@@ -271,7 +271,7 @@ class RankTrainer:
         self.beacon.enter("compute", before)
         self.replicate.begin()
         self.ft_optimizer.zero_grad()
-        self.injected.stall()
+        self.injected.stall(before)
         loss = self.training.forward_backward(before)
         check, grad_norm = None, None
         if self.check is not None:

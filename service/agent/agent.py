@@ -102,8 +102,8 @@ class Agent:
 
     def inject(self, request: InjectRequest) -> InjectResult:
         """A drill's fault, now: SIGSTOP the ranks, or have them sleep inside their next step
-        (stuck) or before every forward for a while (slow), corrupt a gradient of one of them
-        (corrupt), or measure their updates for a while (watch)."""
+        (stuck) or before every forward, or every n-th, for a while (slow), corrupt a gradient of
+        one of them (corrupt), or measure their updates for a while (watch)."""
         ranks = self.rank_pids()
         rank = 0 if request.kind == "corrupt" and request.rank is None else request.rank  # corruption is one chip's
         if rank is not None:
@@ -121,7 +121,8 @@ class Agent:
             previous = read_injection(path)
             injection = Injection(id=(previous.id if previous else 0) + 1, kind=request.kind, rank=rank,
                                   pids=sorted(ranks.values()), seconds=request.seconds, delay_s=request.delay_ms / 1000,
-                                  until=at + request.seconds, scale=request.scale, persistent=request.persistent)
+                                  every=request.every, offset=request.offset, until=at + request.seconds,
+                                  scale=request.scale, persistent=request.persistent)
             write_model(path, injection)
         return InjectResult(group=self.settings.group, kind=request.kind, ranks=sorted(ranks),
                             pids=sorted(ranks.values()), at=at)

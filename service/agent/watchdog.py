@@ -9,7 +9,9 @@ of its current processes
 - has spent longer than the step bound in a phase it works on alone (compute, commit); the
   bound adapts to the job, as Megatron's calculated section timeouts do:
   ``max(floor_s, factor × the median of the group's recent step times)``, and applies once
-  ``min_steps`` steps of this start are known;
+  ``min_steps`` steps of this start are known. The time a rank was runnable but waiting for a
+  CPU (its beacon's ``starved_s``) does not count: a machine busy with other work makes a rank
+  slow, not stuck, and ending it would cost a restart and a heal for nothing;
 - has spent longer than ``checkpoint_s`` saving a checkpoint.
 
 Waiting on other groups (``allreduce``) and starting are never judged (a warm spare writes no
@@ -58,11 +60,13 @@ def hang_verdict(now: float, beacons: Mapping[int, Beacon | None], pids: set[int
 
     A silent beacon names its rank. A rank stuck inside its step does not stand out by its
     phase: its group's other ranks wait for it in FSDP's in-group collectives, in the same phase
-    of the same step, and whichever of them crosses the bound first is chance. So once one rank
-    is over the bound the verdict names every rank working on that step, and the group is what it
-    attributes."""
+    of the same step, and whichever of them crosses the bound first is chance. So the group is
+    hung when every rank working on the step of the one longest in its phase is over the bound,
+    and the verdict names them all: the group is what it attributes. A rank waiting for a CPU
+    keeps its peers blocked in those collectives, and its own time under the bound (the wait is
+    not counted) keeps the group from being called hung."""
     bound = step_bound(s, step_times)
-    working: list[tuple[int, Beacon, float]] = []
+    working: list[tuple[int, Beacon, float]] = []  # (rank, beacon, seconds in phase not waiting for a CPU)
     for rank, b in sorted(beacons.items()):
         if b is None or b.pid not in pids or b.phase == "starting":
             continue
@@ -73,16 +77,18 @@ def hang_verdict(now: float, beacons: Mapping[int, Beacon | None], pids: set[int
         if b.phase == "checkpoint" and in_phase > s.checkpoint_s:
             return f"rank {rank} saving a checkpoint for {in_phase:.1f} s (bound {s.checkpoint_s:g} s)"
         if b.phase in JUDGED_PHASES:
-            working.append((rank, b, in_phase))
+            working.append((rank, b, in_phase - min(b.starved_s, in_phase)))
     if bound is None or not working:
         return None
-    _, b, in_phase = max(working, key=lambda o: o[2])
-    if in_phase <= bound:
+    _, b, longest = max(working, key=lambda o: o[2])
+    stalled = [(rank, other) for rank, other, _ in working if other.step == b.step]
+    if min(t for _, other, t in working if other.step == b.step) <= bound:
         return None
-    stalled = [rank for rank, other, _ in working if other.step == b.step]
-    ranks = ", ".join(map(str, stalled))
-    return (f"rank{'s' if len(stalled) > 1 else ''} {ranks} in {b.phase} at step {b.step} for {in_phase:.1f} s "
-            f"(bound {bound:.1f} s: {s.factor:g} × median step {statistics.median(step_times):.2f} s, "
+    starved = max(other.starved_s for _, other in stalled)
+    ranks = ", ".join(str(rank) for rank, _ in stalled)
+    return (f"rank{'s' if len(stalled) > 1 else ''} {ranks} in {b.phase} at step {b.step} for {now - b.since:.1f} s"
+            + (f" ({starved:.1f} s of it waiting for a CPU, not counted)" if starved >= 0.05 else "")
+            + f" (bound {bound:.1f} s: {s.factor:g} × median step {statistics.median(step_times):.2f} s, "
             f"floor {s.floor_s:g} s)")
 
 
