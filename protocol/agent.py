@@ -4,18 +4,21 @@
 :data:`AgentAction`, with the bearer token, answers :class:`CommandResult`, or 409 when the
 action does not fit the group's state (kill, evict or stop of a group that is down, start of one
 that runs). ``evict`` is a kill whose reason is ``evicted``: the agent does not restart it by itself. ``rejoin`` is the exception: it asks for a running group, so when the group already runs
-(its agent restarted it by itself) it answers with ``already_running`` set.
+(its agent restarted it by itself) it answers with ``already_running`` set. ``POST``
+:data:`PROBE_PATH` with a :class:`ProbeRequest` answers :class:`ProbeResult`: which other groups'
+agents this agent's host reaches (``service/controlplane/partition.py``).
 """
 
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import AnyHttpUrl, BaseModel, ConfigDict, Field
 
 from protocol.events import ExitKind
 
 STATUS_PATH = "/status"
+PROBE_PATH = "/probe"
 HEALTH_PATH = "/healthz"
 AgentAction = Literal["start", "rejoin", "kill", "evict", "stop"]
 SpareState = Literal["starting", "ready"]
@@ -56,3 +59,16 @@ class CommandResult(BaseModel):
     already_running: bool = Field(
         False, description="rejoin only: the group was running already (its agent had restarted it)")
     status: AgentStatus
+
+
+class ProbeRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    peers: dict[int, AnyHttpUrl] = Field(max_length=100_000, description="group → its agent's API: reached when a TCP "
+                                         "connection to its host and port opens (or is refused: the host answered)")
+    timeout_s: float = Field(1.0, gt=0, le=30, description="a peer that has not answered within this is not reached")
+
+
+class ProbeResult(BaseModel):
+    group: int = Field(description="the group whose agent probed")
+    reached: dict[int, bool] = Field(description="peer group → whether this group's host reached it")

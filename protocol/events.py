@@ -26,7 +26,8 @@ ExitKind = Literal["killed", "crashed", "hung", "lost", "evicted", "quarantined"
 its agent's watchdog ended it (the event's detail says why). ``lost``: the control plane's
 verdict, not the agent's: the agent does not answer and the Lighthouse has no heartbeat from
 the group (a node lost with everything on it). ``evicted``: the control plane ended it as a
-persistent straggler (``--straggler-policy evict``). ``quarantined``: its ranks left after the gradient check
+persistent straggler (``--straggler-policy evict``), or as a group on the far side of a
+partition (``service/controlplane/partition.py``). ``quarantined``: its ranks left after the gradient check
 found a persistent silent data corruption in them (``trainer/gradient_check.py``); like an evicted
 group it is not restarted by itself, its warm spare takes its place."""
 Verdict = Literal["transient", "persistent", "data"]
@@ -225,6 +226,19 @@ class StragglerEvent(GroupEvent):
     detail: str
 
 
+class PartitionEvent(GroupEvent):
+    """The control plane evicted the group because it does not reach some other group while all
+    of them reach the Lighthouse, or rejoined it once it reaches every up group again
+    (``service/controlplane/partition.py``)."""
+
+    type: Literal["partition"] = "partition"
+    action: Literal["evicted", "rejoined"]
+    kept: list[Count] = Field(description="evicted: the groups kept, the largest set that all reach each other; "
+                              "rejoined: the groups it reaches again")
+    unreached: list[Count] = Field(description="evicted: the groups it and they do not both reach")
+    detail: str
+
+
 class SdcEvent(BaseEvent):
     """The gradient check found an abnormal norm and every group skipped the step; written by
     rank 0 of the flagged group once the reruns attributed it. Norms are null where not finite."""
@@ -269,6 +283,7 @@ Event = Annotated[
         TorchftLogEvent,
         ProcessEvent,
         StragglerEvent,
+        PartitionEvent,
         SdcEvent,
     ],
     Field(discriminator="type"),

@@ -4,8 +4,9 @@ Each host is a namespace with ``lo`` and an ``eth0`` at ``10.77.0.N/24``; every 
 end of a veth pair whose other end sits on a bridge in a namespace of its own, so nothing of the
 machine's own network changes and no address outside these namespaces is used. A process runs on
 a host under ``ip netns exec``. ``isolate`` cuts a host off from all others (its bridge port goes
-down), ``cut`` drops the traffic between two hosts only (a blackhole route on each side). Leaving the context deletes every namespace; the processes in them must be ended first
-(the tests' owners end them by tag).
+down; ``reconnect`` brings it back), ``cut`` drops the traffic between two hosts only (a
+blackhole route on each side; ``mend`` takes it away). Leaving the context deletes every
+namespace; the processes in them must be ended first (the tests' owners end them by tag).
 
 Creating namespaces needs root (CAP_NET_ADMIN) and iproute2: ``skip_unless_available`` skips a
 test with the reason where they cannot be made.
@@ -95,7 +96,16 @@ class NamespaceHosts:
         """Host i reaches no other host, and none reaches it (its cable pulled)."""
         _ip("-n", self.switch, "link", "set", self._port(i), "down")
 
+    def reconnect(self, i: int) -> None:
+        """Host i's cable back in: :meth:`isolate` undone."""
+        _ip("-n", self.switch, "link", "set", self._port(i), "up")
+
     def cut(self, i: int, j: int) -> None:
         """Hosts i and j no longer reach each other; both still reach every other host."""
         _ip("-n", self.names[i], "route", "add", "blackhole", f"{self.address(j)}/32")
         _ip("-n", self.names[j], "route", "add", "blackhole", f"{self.address(i)}/32")
+
+    def mend(self, i: int, j: int) -> None:
+        """Hosts i and j reach each other again: :meth:`cut` undone."""
+        _ip("-n", self.names[i], "route", "del", "blackhole", f"{self.address(j)}/32")
+        _ip("-n", self.names[j], "route", "del", "blackhole", f"{self.address(i)}/32")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -11,9 +12,10 @@ import psutil
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from protocol.agent import STATUS_PATH, AgentStatus, command_path
+from protocol.agent import PROBE_PATH, STATUS_PATH, AgentStatus, ProbeResult, command_path
 from protocol.files import read_model, write_model
 from protocol.injection import INJECT_PATH
+from protocol.torchrun import free_port
 from service.agent.app import create_app
 from service.agent.config import AgentSettings
 from service.agent.pidfile import PidRecord, forget_pid, reap_pidfile, record_pid
@@ -76,6 +78,14 @@ def test_the_agents_api_answers_in_the_protocols_models_and_counts_with_counters
         assert wrong.status_code == 422 and "offset 3 must be below every 3" in wrong.text
         no_rank = api.post(INJECT_PATH, headers=auth, json={**rotating, "offset": 2})
         assert no_rank.status_code == 409 and "group 1 has no rank up" in no_rank.json()["detail"]
+        with socket.create_server(("127.0.0.1", 0)) as listening:
+            closed = free_port()  # nothing listens there: refused, so the host answered
+            peers = {0: f"http://127.0.0.1:{listening.getsockname()[1]}", 2: f"http://127.0.0.1:{closed}"}
+            assert api.post(PROBE_PATH, json={"peers": peers}).status_code == 401
+            probed = api.post(PROBE_PATH, headers=auth, json={"peers": peers, "timeout_s": 2})
+        assert probed.status_code == 200 and ProbeResult.model_validate(probed.json()) == ProbeResult(
+            group=1, reached={0: True, 2: True})
+        assert api.post(PROBE_PATH, headers=auth, json={"peers": {"x": "not a url"}}).status_code == 422
         families = {f.name: f for f in text_string_to_metric_families(api.get("/metrics").text)}
     for name in ("ftctl_agent_events_dropped", "ftctl_agent_events_refused", "ftctl_agent_events_invalid",
                  "ftctl_agent_events_forwarded", "ftctl_agent_group_starts"):

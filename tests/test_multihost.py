@@ -3,22 +3,28 @@ real addresses and interfaces, as on a first multi-host job."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import socket
-import time
+import sqlite3
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 import pytest
 
-from cluster import committed_steps, read_events, wait_for
+from cluster import REPO, committed_steps, read_events, wait_for
 from netns import NamespaceHosts, skip_unless_available
 from processes import Owner
 from protocol import defaults
+from protocol.beacon import beacon_file_name, read_beacon
 from protocol.network import is_loopback, resolve
 
 STEPS = 12
+JOB_TOKEN = "multihost-token-0123456789abcdef"
 SMALL = ["--ranks-per-group", "1", "--seq-len", "64", "--batch-size", "2", "--log-every", "5", "--fingerprint-every", "1"]
 
 
@@ -132,3 +138,110 @@ def test_a_group_cut_off_from_the_lighthouse_alone_stops_saying_why_and_the_othe
     assert exit_event["reason"] == "lighthouse-away" and "takes no connection" in exit_event["error"], exit_event
     print(f"group 2 cut off from the Lighthouse: groups 0 and 1 committed again {resumed_s(events_dir, cut_at):.1f} s "
           f"later; group 2 stopped {exit_event['ts'] - cut_at:.1f} s after the cut")
+
+
+def agent_on_host(hosts: Hosts, owner: Owner, group: int, state_dir: Path, *agent_args: str,
+                  trainer_args: tuple[str, ...] = ()) -> subprocess.Popen:
+    """Group ``group``'s agent on host ``group + 1``, as a node of a multi-host job runs it."""
+    address = hosts.address(group + 1)
+    trainer = ["--steps", "10000", *SMALL[2:], *trainer_args]
+    return subprocess.Popen(
+        [*hosts.run(group + 1), sys.executable, "-m", "service.agent", "--group", str(group), "--groups", "3",
+         "--ranks-per-group", "1", "--lighthouse", hosts.lighthouse, "--host", address, "--advertise-host", address,
+         "--state-dir", str(state_dir), "--trainer-args", json.dumps(trainer), *agent_args],
+        env=owner.env(FTCTL_TOKEN=JOB_TOKEN, OMP_NUM_THREADS="1"), stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL, start_new_session=True, cwd=REPO)
+
+
+def test_an_isolated_group_is_restarted_by_its_agent_once_the_network_heals_and_heals_bitwise(hosts, tmp_path):
+    """Host 3 loses its link, its agent with it: the others train on as two; group 2's trainer
+    stops (its Lighthouse is away past --quorum-timeout-s) and its agent waits for the Lighthouse
+    before starting it again. Cable back: group 2 rejoins, heals from a live peer and agrees with
+    the others bitwise, and the trainer that was cut off is gone (no second copy of the group)."""
+    events_dir = tmp_path / "events"
+    with Owner() as owner:
+        for g in range(3):
+            agent_on_host(hosts, owner, g, tmp_path, "--auto-rejoin-delay-s", "0", trainer_args=("--quorum-timeout-s", "4"))
+        wait_for(lambda: together(events_dir, 3), 300, "three agents' groups on three hosts committing together")
+        cut_off = read_beacon(events_dir / beacon_file_name(2, 0))
+        assert cut_off is not None
+        cut_at = time.time()
+        hosts.net.isolate(3)
+        wait_for(lambda: together(events_dir, 3, cut_at, members=(0, 1)), 120, "groups 0 and 1 to commit without group 2")
+        wait_for(lambda: [e for e in read_events(events_dir, 2) if e["type"] == "exit" and e["ts"] >= cut_at], 60,
+                 "group 2's trainer to stop, cut off")
+        healed_at = time.time()
+        hosts.net.reconnect(3)
+        wait_for(lambda: together(events_dir, 3, healed_at), 180, "group 2 back with the others")
+        events = read_events(events_dir)
+        heals = [e for e in events if e["type"] == "heal" and e["group"] == 2 and e["ts"] >= healed_at]
+        assert heals and heals[0]["source_group"] in (0, 1), "group 2 healed from a live peer"
+        after = [{s: d for s, d in fingerprints(events, g).items()
+                  if s > heals[0]["step"]} for g in range(3)]
+        common = set(after[0]) & set(after[1]) & set(after[2])
+        assert common and all(after[0][s] == after[1][s] == after[2][s] for s in common), "group 2 differs after its heal"
+        assert not psutil.pid_exists(cut_off.pid) or psutil.Process(cut_off.pid).status() == psutil.STATUS_ZOMBIE, \
+            "the trainer that was cut off still runs beside its successor"
+        print(f"group 2 cut off: its trainer stopped, the others went on; back {heals[0]['ts'] - healed_at:.1f} s after "
+              f"the cable, healed {heals[0]['bytes']} bytes from group {heals[0]['source_group']}")
+
+
+COLLECTIVE_TIMEOUT_S = 10.0  # the trainers' --timeout-s default
+CONTROL_PLANE_PORT = 29600
+AGENT_PORT = 29700
+
+
+def control_plane_on_host_0(hosts: Hosts, owner: Owner, state_dir: Path) -> str:
+    """The supervised Lighthouse's wrapper is not needed here: the control plane, on host 0 beside
+    the Lighthouse, reaches every agent; its URL."""
+    address = hosts.address(0)
+    subprocess.Popen([*hosts.run(0), sys.executable, "-m", "service.controlplane", "--host", address,
+                      "--port", str(CONTROL_PLANE_PORT), "--db", str(state_dir / "control.db"), "--groups", "3",
+                      "--ranks-per-group", "1"],
+                     env=owner.env(FTCTL_TOKEN=JOB_TOKEN), stdout=open(state_dir / "controlplane.log", "ab"),
+                     stderr=subprocess.STDOUT, start_new_session=True, cwd=REPO)
+    url = f"http://{address}:{CONTROL_PLANE_PORT}"
+    wait_for(lambda: subprocess.run([*hosts.run(0), "bash", "-c", f"exec 3<>/dev/tcp/{address}/{CONTROL_PLANE_PORT}"],
+                                    capture_output=True).returncode == 0, 60, "the control plane on host 0")
+    return url
+
+
+def stored(db: Path, type_: str) -> list[dict]:
+    """The control plane's events of one type, from its SQLite file (this test's namespace cannot
+    reach its API)."""
+    with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10)) as conn:
+        return [json.loads(body) for (body,) in conn.execute("SELECT body FROM events WHERE type = ? ORDER BY id",
+                                                            [type_])]
+
+
+def test_a_cut_between_two_groups_is_broken_by_evicting_one_and_it_rejoins_once_mended(hosts, tmp_path):
+    """Hosts 2 and 3 (groups 1 and 2) stop reaching each other; both still reach the Lighthouse
+    and group 0. Without help every quorum takes all three back and every commit fails. The
+    control plane probes, keeps {0, 1} (the largest set that all reach each other, the lowest
+    numbers first) and evicts group 2; groups 0 and 1 commit again. Mended: group 2 rejoins and
+    heals from a live peer."""
+    events_dir = tmp_path / "events"
+    with Owner() as owner:
+        api = control_plane_on_host_0(hosts, owner, tmp_path)
+        for g in range(3):
+            agent_on_host(hosts, owner, g, tmp_path, "--control-plane", api, "--port", str(AGENT_PORT))
+        wait_for(lambda: together(events_dir, 3), 300, "three agents' groups on three hosts committing together")
+        cut_at = time.time()
+        hosts.net.cut(2, 3)
+        wait_for(lambda: together(events_dir, 3, cut_at, members=(0, 1)), 180, "groups 0 and 1 to commit without group 2",
+                 explain=lambda: f"{stored(tmp_path / 'control.db', 'partition')}")
+        resumed = resumed_s(events_dir, cut_at)
+        [evicted] = stored(tmp_path / "control.db", "partition")
+        assert (evicted["group"], evicted["action"], evicted["kept"], evicted["unreached"]) == (2, "evicted", [0, 1], [1])
+        detected = evicted["ts"] - cut_at
+        mended_at = time.time()
+        hosts.net.mend(2, 3)
+        wait_for(lambda: together(events_dir, 3, mended_at), 180, "group 2 back with the others once mended")
+        rejoined = [e for e in stored(tmp_path / "control.db", "partition") if e["action"] == "rejoined"]
+        assert [e["group"] for e in rejoined] == [2]
+        heals = [e for e in read_events(events_dir, 2) if e["type"] == "heal" and e["ts"] >= mended_at]
+        assert heals and heals[0]["source_group"] in (0, 1), "group 2 healed from a live peer"
+        print(f"groups 1 and 2 cut: group 2 evicted {detected:.1f} s after the cut, groups 0 and 1 committed again "
+              f"{resumed:.1f} s after it (collective timeout {COLLECTIVE_TIMEOUT_S:g} s); mended: group 2 rejoined "
+              f"{rejoined[0]['ts'] - mended_at:.1f} s and healed {heals[0]['ts'] - mended_at:.1f} s after")
+        assert resumed <= 3 * COLLECTIVE_TIMEOUT_S, f"the loop took {resumed:.1f} s to break"

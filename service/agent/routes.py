@@ -8,10 +8,12 @@ from fastapi import APIRouter, Depends, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from protocol.agent import HEALTH_PATH, STATUS_PATH, AgentAction, AgentStatus, CommandResult, command_path
+from protocol.agent import (HEALTH_PATH, PROBE_PATH, STATUS_PATH, AgentAction, AgentStatus, CommandResult,
+                            ProbeRequest, ProbeResult, command_path)
 from protocol.health import Served
 from protocol.injection import INJECT_PATH, InjectRequest, InjectResult
 from service.agent.agent import Agent
+from service.agent.probe import probe as probe_peers
 from service.agent.supervisor import StateConflict
 
 
@@ -86,3 +88,10 @@ async def stop(agent: AgentDep) -> CommandResult:
 def inject(body: InjectRequest, agent: AgentDep) -> InjectResult:
     """Inject a drill's fault into the running group (409 if no rank is up)."""
     return agent.inject(body)
+
+
+@commands.post(PROBE_PATH, response_model=ProbeResult)
+async def probe(body: ProbeRequest, agent: AgentDep) -> ProbeResult:
+    """Which of the other groups' agents this host reaches: the control plane's question when
+    commits fail (a partition between groups)."""
+    return await probe_peers(agent.settings.group, body)

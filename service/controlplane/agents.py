@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import httpx
 
-from protocol.agent import STATUS_PATH, AgentAction, AgentStatus, CommandResult, command_path
+from protocol.agent import (PROBE_PATH, STATUS_PATH, AgentAction, AgentStatus, CommandResult, ProbeRequest, ProbeResult,
+                            command_path)
 from protocol.tokens import group_token
 from protocol.injection import INJECT_PATH, InjectRequest, InjectResult
 from service.controlplane.errors import AgentConflict, AgentUnreachable, NoAgent
@@ -43,6 +44,10 @@ class AgentClient:
     async def inject(self, group: int, request: InjectRequest) -> InjectResult:
         """A drill's fault into the group's running ranks (errors as for :meth:`command`)."""
         return InjectResult.model_validate(await self._post(group, INJECT_PATH, request.model_dump()))
+
+    async def probe(self, group: int, request: ProbeRequest) -> ProbeResult:
+        """Which other groups' agents the group's host reaches (errors as for :meth:`command`)."""
+        return ProbeResult.model_validate(await self._post(group, PROBE_PATH, request.model_dump(mode="json")))
 
     async def _post(self, group: int, path: str, body: dict | None = None) -> dict:
         url = self._url(group)

@@ -33,6 +33,7 @@ from service.controlplane.registry import AgentRegistry
 from service.controlplane.retention import prune_forever
 from service.controlplane.routers import agents as agents_router, drills, events, goodput as goodput_router, groups, health, quorum, sdc, stragglers
 from service.controlplane.settings import ControlPlaneSettings
+from service.controlplane.partition_responder import PartitionResponder
 from service.controlplane.straggler_policy import StragglerResponder
 from service.controlplane.stragglers import StragglerTracker
 
@@ -74,6 +75,8 @@ def create_app(settings: ControlPlaneSettings) -> FastAPI:
                       asyncio.create_task(prune_forever(services.store, settings.event_retention_s,
                                                         settings.event_retention_rows)),
                       asyncio.create_task(StragglerResponder(services.bus, services.control).run()),
+                      asyncio.create_task(PartitionResponder(services.bus, services.control, services.agents,
+                                                             services.ingest).run()),
                       asyncio.create_task(thaw_forever(settings.gc_thaw_every_s))]
         with frozen_survivors():
             yield

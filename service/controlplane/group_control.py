@@ -69,15 +69,16 @@ class GroupControl:
         self.board.force(group, "down", "killed", since=at)
         return agent
 
-    async def evict(self, group: int, drill_id: int | None = None) -> Eviction:
+    async def evict(self, group: int, drill_id: int | None = None, replace_by_spare: bool = True) -> Eviction:
         """End the group for good (down, ``evicted``: its agent will not restart it by itself); when
-        the agent keeps a ready warm spare, rejoin at once so the spare takes its place."""
+        the agent keeps a ready warm spare, and ``replace_by_spare``, rejoin at once so the spare
+        takes its place (not for a partition: the spare is on the same side of the cut)."""
         at = time.time()
         self.require_up(group)
         self._check_holder(drill_id)
         result = await self.agents.command(group, "evict")
         self.board.force(group, "down", "evicted", since=at)
-        if result.status.spare != "ready":
+        if result.status.spare != "ready" or not replace_by_spare:
             return Eviction(result, replaced_by_spare=False)
         await self._send_rejoin(group)
         return Eviction(result, replaced_by_spare=True)

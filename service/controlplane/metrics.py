@@ -32,6 +32,7 @@ from protocol.events import (
     QuorumEvent,
     SdcEvent,
     StepEvent,
+    PartitionEvent,
     StragglerEvent,
     Verdict,
     speaks_for_group,
@@ -94,6 +95,11 @@ class JobMetrics:
                                      "a gradient failed the check", ["group"], registry=r)
         self.grad_norm = Gauge("ftctl_gradient_norm", "the group's own gradient norm at its last step, before it "
                                "crossed groups (NaN: not finite)", ["group"], registry=r)
+        self.partitions = Counter("ftctl_partition_actions_total", "groups the control plane evicted because they did "
+                                  "not reach other groups (a partition), and rejoined once they did", ["action"],
+                                  registry=r)
+        for action in get_args(PartitionEvent.model_fields["action"].annotation):
+            self.partitions.labels(action)
         self.events = Counter("ftctl_events_received_total", "events accepted from agents", registry=r)
         self.batches = Counter("ftctl_ingest_batches_total", "event batches agents handed in, by how: on their "
                                "stream (a WebSocket) or by POST", ["transport"], registry=r)
@@ -134,6 +140,8 @@ class JobMetrics:
                 self._fingerprint(e)
             case StragglerEvent(action="flagged"):
                 of[self.stragglers].inc()
+            case PartitionEvent():
+                self.partitions.labels(e.action).inc()
             case SdcEvent():
                 self.sdc_incidents.labels(g, e.verdict).inc()
             case _ if not speaks_for_group(e):

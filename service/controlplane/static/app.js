@@ -1,7 +1,7 @@
 // The control plane's own live page: no framework, no CDN, everything from this server.
 "use strict";
 const COLORS = ["#58a6ff", "#3fb950", "#d29922", "#bc8cff", "#f85149", "#39c5cf"];
-const NOTABLE = new Set(["process", "heal", "quorum", "commit_failed", "checkpoint", "exit", "straggler", "sdc"]);
+const NOTABLE = new Set(["process", "heal", "quorum", "commit_failed", "checkpoint", "exit", "straggler", "partition", "sdc"]);
 const SDC_BADGE_S = 600;  // a group's latest gradient-check incident stays on its card this long
 const series = { loss: new Map(), step_s: new Map() };  // group -> [[step, value]]
 const $ = (id) => document.getElementById(id);
@@ -173,6 +173,7 @@ function describe(e) {
     case "checkpoint": return `checkpoint ${e.action} at step ${e.step} (${e.seconds.toFixed(2)}s)`;
     case "exit": return `exit: ${e.reason} at step ${e.step}`;
     case "straggler": return `straggler ${e.action}: ${e.detail}`;
+    case "partition": return `partition: ${e.action}, ${e.detail}`;
     case "sdc": return `gradient check at step ${e.step}: norm ${fmt(e.norms[e.group])} against the others' ${fmt(e.reference_norm)}; ` +
       `rerun ${fmt(e.rerun_norm)}, group ${e.checker_group ?? "-"}'s ${fmt(e.checker_norm)}: ${e.verdict}, ${e.action}`;
     default: return e.type;
