@@ -8,7 +8,10 @@ break the loop: here the control plane, which reaches every agent.
 
 When a group's commit fails, the control plane asks every up group's agent which other groups'
 agents it reaches (a TCP connection to each, from the group's own host: ``POST /probe``). Two
-groups *reach each other* when both say so. :func:`survivors` is the rule: **keep the largest
+groups *reach each other* when either reached the other: a TCP handshake needs packets both
+ways, so one success proves the path, while one side's failure alone may be its own (an agent
+too busy to finish within the timeout); a pair is cut when both fail. :func:`survivors` is the
+rule: **keep the largest
 set of groups that all reach each other; among sets as large, the one whose sorted group numbers
 come first**. Every other up group that answered is evicted, as a hung group is ended, and comes
 back when its agent reaches every training group again. A group whose agent does not answer is
@@ -38,16 +41,16 @@ class PartitionVerdict:
         return bool(self.evict)
 
 
-def mutual(reached: Mapping[int, Mapping[int, bool]]) -> dict[int, set[int]]:
-    """Who reaches whom both ways, among the groups that answered (a row each)."""
+def linked(reached: Mapping[int, Mapping[int, bool]]) -> dict[int, set[int]]:
+    """Who reaches whom, among the groups that answered (a row each): either side's success counts."""
     groups = set(reached)
-    return {g: {h for h in groups - {g} if reached[g].get(h) and reached[h].get(g)} for g in groups}
+    return {g: {h for h in groups - {g} if reached[g].get(h) or reached[h].get(g)} for g in groups}
 
 
 def survivors(reached: Mapping[int, Mapping[int, bool]]) -> PartitionVerdict:
     """The rule: the largest set of answering groups that all reach each other (ties: the sorted
     group numbers that come first) is kept; the other answering groups are evicted."""
-    links = mutual(reached)
+    links = linked(reached)
     groups = sorted(links)
     cut = tuple((g, h) for i, g in enumerate(groups) for h in groups[i + 1:] if h not in links[g])
     if not cut:

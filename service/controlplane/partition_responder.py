@@ -39,8 +39,12 @@ PROBE_EVERY_S = 5.0
 STALL_FLOOR_S = 2.0
 STALL_STEPS = 5.0
 HEAL_EVERY_S = 2.0
-PROBE_TIMEOUT_S = 1.0
-"""A peer's host that has not answered a connection within this is not reached."""
+PROBE_TIMEOUT_S = 3.0
+"""A peer's host that has not answered a connection within this is not reached. A cut that
+drops packets costs this long to see; a blackhole route or a host that answers is seen at once."""
+ROUNDS = 2
+"""Probe rounds back to back per check; a pair reached in either is not cut: a cut persists, a
+busy agent's missed connection seldom repeats."""
 
 
 class PartitionResponder:
@@ -121,8 +125,12 @@ class PartitionResponder:
     async def check(self) -> PartitionVerdict | None:
         """One round: probe, decide, evict. Returns the verdict, or None with fewer than two answers."""
         up = self._up()
-        answers = await asyncio.gather(*(self._reached(g, [h for h in up if h != g]) for g in up))
-        reached = {g: row for g, row in zip(up, answers) if row is not None}
+        reached: dict[int, dict[int, bool]] = {}
+        for _ in range(ROUNDS):
+            answers = await asyncio.gather(*(self._reached(g, [h for h in up if h != g]) for g in up))
+            for g, row in zip(up, answers):
+                if row is not None:
+                    reached[g] = {h: ok or reached.get(g, {}).get(h, False) for h, ok in row.items()}
         if len(reached) < 2:
             return None
         verdict = await asyncio.to_thread(survivors, reached)
@@ -133,20 +141,24 @@ class PartitionResponder:
                         ", ".join(f"{g}-{h}" for g, h in verdict.cut), self.control.holder)
             return verdict
         for g in verdict.evict:
-            unreached = sorted({h for pair in verdict.cut if g in pair for h in pair} - {g})
-            try:
-                await self.control.evict(g, replace_by_spare=False)
-            except DomainError as err:
-                log.warning("not evicting partitioned group %d: %s", g, err)
-                continue
-            self.partitioned.add(g)
-            detail = (f"does not reach group(s) {', '.join(map(str, unreached))} while every group reaches the "
-                      f"Lighthouse; kept groups {', '.join(map(str, verdict.keep))}: the largest set that all reach "
-                      f"each other (ties: the lowest group numbers)")
-            log.warning("evicted partitioned group %d: %s", g, detail)
-            self.ingest.record([PartitionEvent(group=g, ts=time.time(), action="evicted", kept=list(verdict.keep),
-                                               unreached=unreached, detail=detail)])
+            await self._evict(g, verdict)
         return verdict
+
+    async def _evict(self, g: int, verdict: PartitionVerdict) -> None:
+        """Evict one group the rule leaves out, and say why."""
+        unreached = sorted({h for pair in verdict.cut if g in pair for h in pair} - {g})
+        try:
+            await self.control.evict(g, replace_by_spare=False)
+        except DomainError as err:
+            log.warning("not evicting partitioned group %d: %s", g, err)
+            return
+        self.partitioned.add(g)
+        detail = (f"does not reach group(s) {', '.join(map(str, unreached))} while every group reaches the "
+                  f"Lighthouse; kept groups {', '.join(map(str, verdict.keep))}: the largest set that all reach "
+                  f"each other (ties: the lowest group numbers)")
+        log.warning("evicted partitioned group %d: %s", g, detail)
+        self.ingest.record([PartitionEvent(group=g, ts=time.time(), action="evicted", kept=list(verdict.keep),
+                                           unreached=unreached, detail=detail)])
 
     async def _heal_forever(self) -> None:
         while True:
