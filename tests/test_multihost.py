@@ -113,18 +113,6 @@ def resumed_s(events_dir: Path, since: float) -> float:
                if e["participants"] == 2) - since
 
 
-def test_a_group_whose_host_is_cut_off_from_everyone_is_left_out_and_the_others_train_on(hosts, groups, tmp_path):
-    """Host 3 loses its link (the Lighthouse included), as a node that drops off the network:
-    to the others it is a lost node. Its collectives time out, its heartbeats stop reaching the
-    Lighthouse, and the next quorum is the two that can still talk."""
-    events_dir = tmp_path / "events"
-    train_three(hosts, groups, events_dir)
-    cut_at = time.time()
-    hosts.net.isolate(3)
-    wait_for(lambda: together(events_dir, 3, cut_at, members=(0, 1)), 120, "groups 0 and 1 to commit without group 2")
-    print(f"host of group 2 cut off: groups 0 and 1 committed again {resumed_s(events_dir, cut_at):.1f} s later")
-
-
 def test_a_group_cut_off_from_the_lighthouse_alone_stops_saying_why_and_the_others_train_on(hosts, groups, tmp_path):
     """Host 3 still reaches the other groups but not the Lighthouse's host: its heartbeats stop,
     the others' next quorum leaves it out, and it stops after --quorum-timeout-s with the reason."""
@@ -153,11 +141,13 @@ def agent_on_host(hosts: Hosts, owner: Owner, group: int, state_dir: Path, *agen
         stderr=subprocess.DEVNULL, start_new_session=True, cwd=REPO)
 
 
-def test_an_isolated_group_comes_back_once_the_network_heals_and_heals_bitwise(hosts, tmp_path):
-    """Host 3 loses its link, its agent with it: the others train on as two. Group 2's trainer
-    waits for a quorum (torchft retries the unreachable Lighthouse; once it gives up, after
-    --quorum-timeout-s at the least, the trainer stops and its agent waits for the Lighthouse
-    before starting it again). Cable back: group 2 rejoins, heals from a live peer and agrees
+def test_an_isolated_group_is_left_out_and_comes_back_once_the_network_heals_and_heals_bitwise(hosts, tmp_path):
+    """Host 3 loses its link (the Lighthouse included), its agent with it, as a node that drops
+    off the network: to the others it is a lost node. Its collectives time out, its heartbeats
+    stop reaching the Lighthouse, and the next quorum is the two that can still talk. Group 2's
+    trainer waits for a quorum (torchft retries the unreachable Lighthouse; once it gives up,
+    after --quorum-timeout-s at the least, the trainer stops and its agent waits for the
+    Lighthouse before starting it again). Cable back: group 2 rejoins, heals from a live peer and agrees
     with the others bitwise, and never runs two trainers at once."""
     events_dir = tmp_path / "events"
     with Owner() as owner:
@@ -169,6 +159,7 @@ def test_an_isolated_group_comes_back_once_the_network_heals_and_heals_bitwise(h
         cut_at = time.time()
         hosts.net.isolate(3)
         wait_for(lambda: together(events_dir, 3, cut_at, members=(0, 1)), 120, "groups 0 and 1 to commit without group 2")
+        resumed = resumed_s(events_dir, cut_at)
         time.sleep(max(0.0, cut_at + 15 - time.time()))  # past the collective and the quorum timeouts
         healed_at = time.time()
         hosts.net.reconnect(3)
@@ -185,6 +176,7 @@ def test_an_isolated_group_comes_back_once_the_network_heals_and_heals_bitwise(h
             assert not psutil.pid_exists(cut_off.pid) or psutil.Process(cut_off.pid).status() == psutil.STATUS_ZOMBIE, \
                 "the trainer that was cut off still runs beside its successor"
         stopped = [e for e in events if e["type"] == "exit" and e["group"] == 2 and e["ts"] >= cut_at]
+        print(f"host of group 2 cut off: groups 0 and 1 committed again {resumed:.1f} s later")
         print(f"group 2 cut off for {healed_at - cut_at:.0f} s: "
               + (f"its trainer stopped {stopped[0]['ts'] - cut_at:.1f} s after the cut ({stopped[0]['reason']}) and its "
                  "agent started it again" if restarted and stopped else "its trainer waited for a quorum through it")

@@ -268,9 +268,10 @@ class RankTrainer:
         manager = self.manager
         start = time.perf_counter()
         before = manager.current_step()
-        self.beacon.enter("compute", before)
-        self.replicate.begin()
+        self.beacon.enter("allreduce", before)  # torchft's start_quorum waits for the last quorum: other groups
         self.ft_optimizer.zero_grad()
+        self.beacon.enter("compute")
+        self.replicate.begin()
         self.injected.stall(before)
         loss = self.training.forward_backward(before)
         check, grad_norm = None, None
