@@ -6,8 +6,8 @@ when. The agent reads them. A beacon that stops changing means the process is st
 interpreter wedged; a phase that lasts far longer than the group's steps do means a rank stuck
 inside its step, unless the rank spent that time waiting for a CPU (``starved_s``: a rank on a
 busy machine is slow, not stuck). Waiting on other groups (``allreduce``) is never a hang of
-this group, and a checkpoint save has a bound of its own. A warm spare writes no beacon until it is promoted: it
-must not cover the live group's.
+this group, and a checkpoint save has a bound of its own. A warm spare writes no beacon until
+it is promoted: it must not cover the live group's.
 """
 
 from __future__ import annotations

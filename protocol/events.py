@@ -27,8 +27,8 @@ its agent's watchdog ended it (the event's detail says why). ``lost``: the contr
 verdict, not the agent's: the agent does not answer and the Lighthouse has no heartbeat from
 the group (a node lost with everything on it). ``evicted``: the control plane ended it as a
 persistent straggler (``--straggler-policy evict``), or as a group on the far side of a
-partition (``service/controlplane/partition.py``). ``quarantined``: its ranks left after the gradient check
-found a persistent silent data corruption in them (``trainer/gradient_check.py``); like an evicted
+partition (``service/controlplane/partition.py``). ``quarantined``: its ranks left after the
+gradient check found a persistent silent data corruption in them (``trainer/gradient_check.py``); like an evicted
 group it is not restarted by itself, its warm spare takes its place."""
 Verdict = Literal["transient", "persistent", "data"]
 """The gradient check's attribution of an abnormal gradient norm, as Megatron's rerun state

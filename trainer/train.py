@@ -409,9 +409,9 @@ class RankTrainer:
     def stop_agreed(self, stop: StopRequest) -> bool:
         """Whether any rank of the group was asked to stop, the same answer on every rank.
 
-        The signal reaches the ranks one by one: a rank that saw it leaves after its step while
-        a rank that had not yet began the next one and waits for it in FSDP's all-gather, then
-        dies of the reset connection instead of stopping. So the ranks agree first, in an
+        The signal reaches the ranks one by one: a rank that saw it leaves after its step, while
+        one that had not seen it yet has begun the next step and waits for it in FSDP's
+        all-gather, then dies of the reset connection instead of stopping. So the ranks agree first, in an
         all-reduce of one number per step (0.2 ms with gloo over this machine's loopback)."""
         if self.ranks_per_group == 1:
             return stop.requested

@@ -2,7 +2,7 @@
 
 The agent runs on its group's host, beside the ranks, so a connection it opens to another
 group's agent goes the way the groups' collectives go between those hosts. The control plane
-asks for it when a commit fails (``service/controlplane/partition.py``). A refused connection
+asks for it when the groups stall or a commit fails (``service/controlplane/partition.py``). A refused connection
 reached the host (its answer came back); a route that drops the traffic, or a cable out, shows
 as no answer within the timeout, or as an unreachable network at once.
 """

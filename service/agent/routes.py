@@ -92,6 +92,6 @@ def inject(body: InjectRequest, agent: AgentDep) -> InjectResult:
 
 @commands.post(PROBE_PATH, response_model=ProbeResult)
 async def probe(body: ProbeRequest, agent: AgentDep) -> ProbeResult:
-    """Which of the other groups' agents this host reaches: the control plane's question when
-    commits fail (a partition between groups)."""
+    """Which of the other groups' agents this host reaches: the control plane's question when the
+    groups stall or a commit fails (a partition between groups)."""
     return await probe_peers(agent.settings.group, body)

@@ -80,12 +80,12 @@ def hang_verdict(now: float, beacons: Mapping[int, Beacon | None], pids: set[int
             working.append((rank, b, in_phase - min(b.starved_s, in_phase)))
     if bound is None or not working:
         return None
-    _, b, longest = max(working, key=lambda o: o[2])
-    stalled = [(rank, other) for rank, other, _ in working if other.step == b.step]
-    if min(t for _, other, t in working if other.step == b.step) <= bound:
+    _, b, _ = max(working, key=lambda o: o[2])
+    stalled = [(rank, other, t) for rank, other, t in working if other.step == b.step]
+    if min(t for _, _, t in stalled) <= bound:
         return None
-    starved = max(other.starved_s for _, other in stalled)
-    ranks = ", ".join(str(rank) for rank, _ in stalled)
+    starved = max(other.starved_s for _, other, _ in stalled)
+    ranks = ", ".join(str(rank) for rank, _, _ in stalled)
     return (f"rank{'s' if len(stalled) > 1 else ''} {ranks} in {b.phase} at step {b.step} for {now - b.since:.1f} s"
             + (f" ({starved:.1f} s of it waiting for a CPU, not counted)" if starved >= 0.05 else "")
             + f" (bound {bound:.1f} s: {s.factor:g} × median step {statistics.median(step_times):.2f} s, "

@@ -29,11 +29,11 @@ from service.controlplane.ingest import Ingestor, IngestWriter
 from service.controlplane.lighthouse import LighthouseClient
 from service.controlplane.liveness import LivenessMonitor
 from service.controlplane.metrics import JobMetrics, StateCollector
+from service.controlplane.partition_responder import PartitionResponder
 from service.controlplane.registry import AgentRegistry
 from service.controlplane.retention import prune_forever
 from service.controlplane.routers import agents as agents_router, drills, events, goodput as goodput_router, groups, health, quorum, sdc, stragglers
 from service.controlplane.settings import ControlPlaneSettings
-from service.controlplane.partition_responder import PartitionResponder
 from service.controlplane.straggler_policy import StragglerResponder
 from service.controlplane.stragglers import StragglerTracker
 

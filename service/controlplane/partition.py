@@ -6,14 +6,13 @@ cross-group all-reduce times out, every commit fails, and the whole job loops wi
 step (the issue measured 103 s of it, and a group crashed in it). Something outside torchft has to
 break the loop: here the control plane, which reaches every agent.
 
-When a group's commit fails, the control plane asks every up group's agent which other groups'
-agents it reaches (a TCP connection to each, from the group's own host: ``POST /probe``). Two
-groups *reach each other* when either reached the other: a TCP handshake needs packets both
-ways, so one success proves the path, while one side's failure alone may be its own (an agent
-too busy to finish within the timeout); a pair is cut when both fail. :func:`survivors` is the
-rule: **keep the largest
-set of groups that all reach each other; among sets as large, the one whose sorted group numbers
-come first**. Every other up group that answered is evicted, as a hung group is ended, and comes
+When the groups stall or a commit fails, the control plane asks every up group's agent which
+other groups' agents it reaches (a TCP connection to each, from the group's own host: ``POST
+/probe``; ``partition_responder.py``). Two groups *reach each other* when either reached the
+other: a TCP handshake needs packets both ways, so one success proves the path, while one side's
+failure alone may be its own (an agent too busy to finish within the timeout); a pair is cut
+when both fail. :func:`survivors` is the rule: **keep the largest set of groups that all reach
+each other; among sets as large, the one whose sorted group numbers come first**. Every other up group that answered is evicted, as a hung group is ended, and comes
 back when its agent reaches every training group again. A group whose agent does not answer is
 no part of the decision: it is lost, or cut off from everyone, and the Lighthouse already leaves
 it out.
