@@ -6,19 +6,23 @@ action does not fit the group's state (kill, evict or stop of a group that is do
 that runs). ``evict`` is a kill whose reason is ``evicted``: the agent does not restart it by itself. ``rejoin`` is the exception: it asks for a running group, so when the group already runs
 (its agent restarted it by itself) it answers with ``already_running`` set. ``POST``
 :data:`PROBE_PATH` with a :class:`ProbeRequest` answers :class:`ProbeResult`: which other groups'
-agents this agent's host reaches (``service/controlplane/partition.py``).
+agents this agent's host reaches (``service/controlplane/partition.py``). ``POST``
+:data:`CUT_PATH` with a :class:`CutRequest` cuts this agent's host off from other hosts for a
+while (the partition drill; ``service/agent/netcut.py``) and answers :class:`CutState`, or 409
+when it cannot; ``DELETE`` :data:`CUT_PATH` mends it at once.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import AnyHttpUrl, BaseModel, ConfigDict, Field
+from pydantic import AnyHttpUrl, BaseModel, ConfigDict, Field, StringConstraints
 
 from protocol.events import ExitKind
 
 STATUS_PATH = "/status"
 PROBE_PATH = "/probe"
+CUT_PATH = "/cut"
 HEALTH_PATH = "/healthz"
 AgentAction = Literal["start", "rejoin", "kill", "evict", "stop"]
 SpareState = Literal["starting", "ready"]
@@ -32,6 +36,15 @@ class LastExit(BaseModel):
     kind: ExitKind
     returncode: int | None
     ts: float
+
+
+class CutState(BaseModel):
+    """A cut of this agent's host: blackhole routes to ``addresses`` from ``at`` until mended."""
+
+    addresses: list[str] = Field(description="the addresses this host no longer reaches")
+    at: float = Field(description="when the routes were added (Unix time)")
+    until: float = Field(description="when the agent removes them by itself")
+    mended_at: float | None = Field(None, description="when they were removed; null while the cut lasts")
 
 
 class AgentStatus(BaseModel):
@@ -50,6 +63,7 @@ class AgentStatus(BaseModel):
     events_forwarded: int
     control_plane_reachable: bool
     spare: SpareState | None = Field(None, description="the warm spare, when the agent keeps one")
+    cut: CutState | None = Field(None, description="the partition drill's last cut of this host, if any")
 
 
 class CommandResult(BaseModel):
@@ -72,3 +86,16 @@ class ProbeRequest(BaseModel):
 class ProbeResult(BaseModel):
     group: int = Field(description="the group whose agent probed")
     reached: dict[int, bool] = Field(description="peer group → whether this group's host reached it")
+
+
+Host = Annotated[str, StringConstraints(min_length=1, max_length=253, pattern=r"^[A-Za-z0-9.:_-]+$")]
+
+
+class CutRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    hosts: list[Host] = Field(max_length=100_000, description="hosts (names or addresses) this group's host must stop "
+                              "reaching: each gets a blackhole route")
+    job_services: bool = Field(False, description="the Lighthouse's and the control plane's hosts too, as this agent "
+                               "reaches them: the host cut off from the whole job (an isolated node)")
+    seconds: float = Field(gt=0, le=3600, description="the agent removes the routes by itself after this")

@@ -58,8 +58,8 @@ class GroupCommand(ApiFlags):
 
 
 class DrillCommand(ApiFlags):
-    kind: CliPositionalArg[Literal["kill-heal", "hang", "lighthouse", "chaos", "straggler", "corrupt"]] = Field(
-        description="kill-heal, hang, lighthouse, chaos, straggler or corrupt")
+    kind: CliPositionalArg[Literal["kill-heal", "hang", "lighthouse", "chaos", "straggler", "corrupt", "partition"]] = (
+        Field(description="kill-heal, hang, lighthouse, chaos, straggler, corrupt or partition"))
     group: int | None = Field(None, ge=0, description="kill-heal, hang, straggler, corrupt: the group to fault")
     rank: int | None = Field(None, ge=0, description="hang: only this rank (default: every rank of the group); "
                              "corrupt: the rank whose gradient is corrupted (default 0)")
@@ -67,11 +67,14 @@ class DrillCommand(ApiFlags):
                                            "sleeps inside its step)")
     down: float = Field(0.0, ge=0, description="lighthouse: seconds to keep it down (default: the wrapper's "
                         "restart delay)")
-    timeout: float | None = Field(None, gt=0, description="kill-heal, hang, lighthouse: seconds per phase "
-                                  "(default: the control plane's)")
+    cut: str | None = Field(None, description="partition: G1,G2, two groups whose hosts stop reaching each other")
+    isolate: int | None = Field(None, ge=0, description="partition: the group whose host stops reaching the whole job")
+    timeout: float | None = Field(None, gt=0, description="kill-heal, hang, lighthouse, corrupt, partition: seconds "
+                                  "per phase (default: the control plane's)")
     mtbf: float = Field(30.0, gt=0, description="chaos: mean seconds between kills")
     duration: float | None = Field(None, gt=0, description="chaos: seconds of chaos (default 120); straggler: "
-                                   "seconds the group stays slow (default 30)")
+                                   "seconds the group stays slow (default 30); partition: seconds the cut lasts "
+                                   "(default 20)")
     delay_ms: float = Field(30.0, gt=0, description="straggler: the sleep before every forward")
     policy: Literal["flag", "evict"] | None = Field(None, description="straggler: the straggler policy while it "
                                                     "runs (default: the job's)")
@@ -101,12 +104,28 @@ class DrillCommand(ApiFlags):
             fields = {"group": self.group, "timeout_s": self.timeout}
             if self.kind == "hang":
                 fields |= {"rank": self.rank, "mode": self.mode}
+        elif self.kind == "partition":
+            fields = {"cut": self._pair(), "isolate": self.isolate, "duration_s": self.duration,
+                      "timeout_s": self.timeout}
         elif self.kind == "lighthouse":
             fields = {"down_s": self.down, "timeout_s": self.timeout}
         else:
             fields = {"mtbf_s": self.mtbf, "duration_s": self.duration or 120.0, "seed": self.seed,
                       "rejoin_delay_s": self.rejoin_delay, "baseline_s": self.baseline}
         return {"kind": self.kind, **{k: v for k, v in fields.items() if v is not None}}
+
+    def _pair(self) -> list[int] | None:
+        if (self.cut is None) == (self.isolate is None):
+            raise ApiError("drill partition needs --cut G1,G2 or --isolate G (one of them)")
+        if self.cut is None:
+            return None
+        try:
+            pair = [int(g) for g in self.cut.split(",")]
+        except ValueError:
+            pair = []
+        if len(pair) != 2 or min(pair) < 0:
+            raise ApiError(f"--cut takes two group numbers, as 1,2; not {self.cut!r}")
+        return pair
 
 
 class EventsCommand(ApiFlags):

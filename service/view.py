@@ -82,6 +82,26 @@ def add_error(table: Table, drill: dict) -> Table:
     return table
 
 
+REJOINED_BY = {"agent": "its agent (fail-over)", "drill": "the drill",
+               "control-plane": "the control plane, once it reached every group", "network": "itself: its ranks "
+               "waited through the cut"}
+
+
+def partition_rows(r: dict) -> list[tuple[str, str]]:
+    """What only a partition drill reports: the cut, and the control plane's verdict on it."""
+    cut = f"groups {r['cut'][0]} and {r['cut'][1]} apart" if r.get("cut") else f"group {r['isolate']} from the job"
+    evicted = r.get("evicted") or []
+    return [
+        ("cut", f"{cut} for {r['duration_s']:g} s"),
+        ("hosts cut", "; ".join(f"group {g}: {a}" for g, a in sorted((r.get("addresses") or {}).items())) or "-"),
+        ("cut → evicted", f"group(s) {', '.join(map(str, evicted))} after {r['cut_to_verdict_s']:.2f} s"
+         if evicted and r.get("cut_to_verdict_s") is not None
+         else "none: a lost node, the quorum leaves it out" if r.get("isolate") is not None else "-"),
+        ("kept", ", ".join(map(str, r.get("kept") or [])) or "-"),
+        ("rule", r.get("rule") or "-"),
+    ]
+
+
 def drill_table(drill: dict) -> Table:
     if drill["kind"] == "chaos":
         return chaos_table(drill)
@@ -93,6 +113,7 @@ def drill_table(drill: dict) -> Table:
         return corrupt_table(drill)
     r = drill["report"]
     table = report_table(f"drill {drill['id']} · {drill['kind']} · group {drill['group']} · {drill['status']}")
+    fault = "cut" if drill["kind"] == "partition" else "kill"
 
     def secs(key: str) -> str:
         return f"{r[key]:.2f} s" if r.get(key) is not None else "-"
@@ -108,12 +129,14 @@ def drill_table(drill: dict) -> Table:
                r.get("detected_by"), "-")),
            ("hang → group ended", secs("fault_to_end_s")), ("verdict", value("verdict"))]
           if drill["kind"] == "hang" else []),
-        ("kill → quorum shrank (detect)", secs("detect_s")),
-        ("kill → survivors commit again", secs("survivors_resume_s")),
+        *(partition_rows(r) if drill["kind"] == "partition" else []),
+        (f"{fault} → quorum shrank (detect)", secs("detect_s")),
+        (f"{fault} → survivors commit again", secs("survivors_resume_s")),
         ("survivor steps lost", value("survivors_steps_lost")),
-        ("rejoined by", {"agent": "its agent (fail-over)", "drill": "the drill"}.get(r.get("rejoined_by"), "-")),
+        ("rejoined by", REJOINED_BY.get(r.get("rejoined_by"), "-")),
         ("rejoin → healed commit", secs("rejoin_to_healed_commit_s")),
-        ("kill → all groups training", secs("kill_to_full_s")),
+        *([("mended → healed commit", secs("mend_to_healed_commit_s"))] if drill["kind"] == "partition" else []),
+        (f"{fault} → all groups training", secs("kill_to_full_s")),
         ("healed at step", value("healed_step")),
         ("heal transfer (rank 0)", f"{r['heal_bytes'] / 2**20:.1f} MiB in {r['heal_fetch_s']:.2f} s"
          if r.get("heal_bytes") is not None else "-"),

@@ -252,6 +252,17 @@ def test_state_conflicts_are_409_and_change_nothing(api):
     assert [g["state"] for g in api.get("/api/v1/groups").json()] == ["training", "down"]
 
 
+def test_a_partition_drill_between_groups_on_one_host_is_409_before_anything_is_cut(api):
+    """Every agent here listens on loopback, as under `ftctl up`: a route cannot part them."""
+    training(api)
+    for body in ({"kind": "partition", "cut": [0, 1]}, {"kind": "partition", "isolate": 1}):
+        response = api.post("/api/v1/drills", json=body, headers=AUTH)
+        assert response.status_code == 409 and "listens on loopback" in response.json()["detail"], response.json()
+    unknown = api.post("/api/v1/drills", json={"kind": "partition", "cut": [0, 7]}, headers=AUTH)
+    assert unknown.status_code == 404
+    assert api.get("/api/v1/drills").json()["drills"] == []
+
+
 def test_a_second_drill_while_one_runs_is_409(api):
     training(api)
     first = api.post("/api/v1/drills", json={"kind": "kill-heal", "group": 1}, headers=AUTH)
@@ -277,6 +288,9 @@ def test_malformed_input_is_422_with_one_clear_line(api):
         ({"kind": "kill-heal", "group": 1, "surprise": True}, "body.kill-heal.surprise: Extra inputs are not permitted"),
         ({"kind": "chaos", "duration_s": 10}, "body.chaos.mtbf_s: Field required"),
         ({"kind": "chaos", "mtbf_s": 0, "duration_s": 10}, "body.chaos.mtbf_s: Input should be greater than 0"),
+        ({"kind": "partition"}, "body.partition: Value error, name either cut (two groups) or isolate (one group)"),
+        ({"kind": "partition", "cut": [1, 1]}, "body.partition: Value error, cut needs two different groups"),
+        ({"kind": "partition", "cut": [0, 1, 2]}, "body.partition.cut: List should have at most 2 items"),
     ]
     for body, detail in cases:
         response = api.post("/api/v1/drills", json=body, headers=AUTH)

@@ -20,7 +20,7 @@ from cluster import REPO, committed_steps, read_events, wait_for
 from netns import NamespaceHosts, skip_unless_available
 from processes import Owner
 from protocol import defaults
-from protocol.beacon import beacon_file_name, read_beacon
+from protocol.beacon import Beacon, beacon_file_name, read_beacon
 from protocol.network import is_loopback, resolve
 
 STEPS = 12
@@ -141,7 +141,17 @@ def agent_on_host(hosts: Hosts, owner: Owner, group: int, state_dir: Path, *agen
         stderr=subprocess.DEVNULL, start_new_session=True, cwd=REPO)
 
 
-def test_an_isolated_group_is_left_out_and_comes_back_once_the_network_heals_and_heals_bitwise(hosts, tmp_path):
+def restarted_alone(events_dir: Path, cut_off: Beacon) -> bool:
+    """Whether group 2's trainer is another than ``cut_off`` now; if so, ``cut_off`` has ended."""
+    now = read_beacon(events_dir / beacon_file_name(2, 0))
+    restarted = now is not None and now.pid != cut_off.pid
+    if restarted:
+        assert not psutil.pid_exists(cut_off.pid) or psutil.Process(cut_off.pid).status() == psutil.STATUS_ZOMBIE, \
+            "the trainer that was cut off still runs beside its successor"
+    return restarted
+
+
+def test_a_group_whose_cable_is_pulled_is_left_out_and_comes_back_once_it_is_back_and_heals_bitwise(hosts, tmp_path):
     """Host 3 loses its link (the Lighthouse included), its agent with it, as a node that drops
     off the network: to the others it is a lost node. Its collectives time out, its heartbeats
     stop reaching the Lighthouse, and the next quorum is the two that can still talk. Group 2's
@@ -170,11 +180,7 @@ def test_an_isolated_group_is_left_out_and_comes_back_once_the_network_heals_and
         after = [{s: d for s, d in fingerprints(events, g).items() if s > heals[0]["step"]} for g in range(3)]
         common = set(after[0]) & set(after[1]) & set(after[2])
         assert common and all(after[0][s] == after[1][s] == after[2][s] for s in common), "group 2 differs after its heal"
-        now = read_beacon(events_dir / beacon_file_name(2, 0))
-        restarted = now is not None and now.pid != cut_off.pid
-        if restarted:
-            assert not psutil.pid_exists(cut_off.pid) or psutil.Process(cut_off.pid).status() == psutil.STATUS_ZOMBIE, \
-                "the trainer that was cut off still runs beside its successor"
+        restarted = restarted_alone(events_dir, cut_off)
         stopped = [e for e in events if e["type"] == "exit" and e["group"] == 2 and e["ts"] >= cut_at]
         print(f"host of group 2 cut off: groups 0 and 1 committed again {resumed:.1f} s later")
         print(f"group 2 cut off for {healed_at - cut_at:.0f} s: "
@@ -221,39 +227,85 @@ def stored(db: Path, type_: str) -> list[dict]:
                                                             [type_])]
 
 
-def test_a_cut_between_two_groups_is_broken_by_evicting_one_and_it_rejoins_once_mended(hosts, tmp_path):
-    """Hosts 2 and 3 (groups 1 and 2) stop reaching each other; both still reach the Lighthouse
-    and group 0. Without help every quorum takes all three back and every commit fails. The
-    control plane probes, keeps {0, 1} (the largest set that all reach each other, the lowest
-    numbers first) and evicts group 2; groups 0 and 1 commit again. Mended: group 2 rejoins and
-    heals from a live peer."""
-    events_dir = tmp_path / "events"
+def ftctl_on_host_0(hosts: Hosts, api: str, *args: str) -> dict:
+    """``ftctl *args --json`` run where the control plane is; the drill it printed."""
+    ran = subprocess.run([*hosts.run(0), sys.executable, "-m", "service.cli", *args, "--api", api, "--token", JOB_TOKEN,
+                          "--json"], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-3000:]
+    return json.loads(ran.stdout[ran.stdout.index("{"):])
+
+
+def three_agents(hosts: Hosts, owner: Owner, state_dir: Path, *agent_args: str, trainer_args: tuple[str, ...] = ()) -> str:
+    """The control plane on host 0 and three agents' groups on hosts 1 to 3, committing together; its URL."""
+    api = control_plane_on_host_0(hosts, owner, state_dir)
+    for g in range(3):
+        agent_on_host(hosts, owner, g, state_dir, "--control-plane", api, "--port", str(AGENT_PORT), *agent_args,
+                      trainer_args=trainer_args)
+    wait_for(lambda: together(state_dir / "events", 3), 300, "three agents' groups on three hosts committing together")
+    return api
+
+
+def healed_from_a_live_peer(events_dir: Path, group: int, since: float) -> dict:
+    heals = [e for e in read_events(events_dir, group) if e["type"] == "heal" and e["ts"] >= since]
+    assert heals and heals[0]["source_group"] != group, f"group {group} healed from a live peer"
+    return heals[0]
+
+
+def test_a_partition_drill_cutting_two_groups_evicts_the_rules_loser_and_it_rejoins_once_mended(hosts, tmp_path):
+    """``ftctl drill partition --cut 1,2``: the agents of groups 1 and 2 (hosts 2 and 3) route
+    each other's host away; both still reach the Lighthouse and group 0. Without help every
+    quorum takes all three back and every commit fails. The control plane probes, keeps {0, 1}
+    (the largest set that all reach each other, the lowest numbers first) and evicts group 2;
+    groups 0 and 1 commit again. The agents mend the cut after its duration: group 2 rejoins and
+    heals from a live peer, bitwise."""
     with Owner() as owner:
-        api = control_plane_on_host_0(hosts, owner, tmp_path)
-        for g in range(3):
-            agent_on_host(hosts, owner, g, tmp_path, "--control-plane", api, "--port", str(AGENT_PORT))
-        wait_for(lambda: together(events_dir, 3), 300, "three agents' groups on three hosts committing together")
-        cut_at = time.time()
-        hosts.net.cut(2, 3)
-        wait_for(lambda: together(events_dir, 3, cut_at, members=(0, 1)), 180, "groups 0 and 1 to commit without group 2",
-                 explain=lambda: f"{stored(tmp_path / 'control.db', 'partition')}")
-        resumed = resumed_s(events_dir, cut_at)
-        [evicted] = stored(tmp_path / "control.db", "partition")
-        assert (evicted["group"], evicted["action"], evicted["kept"], evicted["unreached"]) == (2, "evicted", [0, 1], [1])
-        detected = evicted["ts"] - cut_at
-        mended_at = time.time()
-        hosts.net.mend(2, 3)
-        wait_for(lambda: together(events_dir, 3, mended_at), 180, "group 2 back with the others once mended")
-        rejoined = [e for e in stored(tmp_path / "control.db", "partition") if e["action"] == "rejoined"]
-        assert [e["group"] for e in rejoined] == [2]
-        heals = [e for e in read_events(events_dir, 2) if e["type"] == "heal" and e["ts"] >= mended_at]
-        assert heals and heals[0]["source_group"] in (0, 1), "group 2 healed from a live peer"
+        api = three_agents(hosts, owner, tmp_path)
+        drill = ftctl_on_host_0(hosts, api, "drill", "partition", "--cut", "1,2", "--duration", "15")
+        r = drill["report"]
+        assert (drill["status"], drill["kind"], drill["fingerprints_equal"]) == ("done", "partition", True), drill
+        assert (r["group"], r["evicted"], r["kept"], r["rejoined_by"]) == (2, [2], [0, 1], "control-plane"), r
+        assert r["addresses"] == {"1": hosts.address(3), "2": hosts.address(2)}
+        assert r["survivors_resume_s"] <= 3 * COLLECTIVE_TIMEOUT_S, f"the loop took {r['survivors_resume_s']:.1f} s to break"
+        heal = healed_from_a_live_peer(tmp_path / "events", 2, r["mended_at"])
+        [evicted, rejoined] = stored(tmp_path / "control.db", "partition")
+        assert (evicted["action"], evicted["unreached"], rejoined["action"]) == ("evicted", [1], "rejoined")
         scraped = fetched_on(hosts, 0, f"{api}/metrics")
         assert 'ftctl_partition_actions_total{action="evicted"} 1.0' in scraped
         assert 'ftctl_partition_actions_total{action="rejoined"} 1.0' in scraped
         agent_metrics = fetched_on(hosts, 0, f"http://{hosts.address(3)}:{AGENT_PORT}/metrics")
         assert "ftctl_agent_group_starts_total" in agent_metrics, "group 2's agent scraped from host 0"
-        print(f"groups 1 and 2 cut: group 2 evicted {detected:.1f} s after the cut, groups 0 and 1 committed again "
-              f"{resumed:.1f} s after it (collective timeout {COLLECTIVE_TIMEOUT_S:g} s); mended: group 2 rejoined "
-              f"{rejoined[0]['ts'] - mended_at:.1f} s and healed {heals[0]['ts'] - mended_at:.1f} s after")
-        assert resumed <= 3 * COLLECTIVE_TIMEOUT_S, f"the loop took {resumed:.1f} s to break"
+        print(f"groups 1 and 2 cut for 15 s: group 2 evicted {r['cut_to_verdict_s']:.1f} s after the cut, groups 0 "
+              f"and 1 committed again {r['survivors_resume_s']:.1f} s after it (collective timeout "
+              f"{COLLECTIVE_TIMEOUT_S:g} s); mended: group 2 rejoined {rejoined['ts'] - r['mended_at']:.1f} s, healed "
+              f"{heal['ts'] - r['mended_at']:.1f} s and committed {r['mend_to_healed_commit_s']:.1f} s after")
+
+
+def test_an_isolate_drill_leaves_the_group_out_and_it_comes_back_once_the_network_heals_bitwise(hosts, tmp_path):
+    """``ftctl drill partition --isolate 2``: host 3 routes away the Lighthouse, the control plane
+    and the other groups, as a node that drops off the network: to the others a lost node. Their
+    collectives time out, its heartbeats stop, the next quorum is the two that still talk; the
+    control plane evicts nobody (its agent answers no probe). Group 2's trainer waits for a
+    quorum (torchft retries the Lighthouse; once it gives up, after --quorum-timeout-s at the
+    least, the trainer stops and its agent waits for the Lighthouse before starting it again).
+    Cut mended: group 2 rejoins, heals from a live peer and agrees with the others bitwise, and
+    never runs two trainers at once."""
+    events_dir = tmp_path / "events"
+    with Owner() as owner:
+        api = three_agents(hosts, owner, tmp_path, "--auto-rejoin-delay-s", "0", trainer_args=("--quorum-timeout-s", "4"))
+        cut_off = read_beacon(events_dir / beacon_file_name(2, 0))
+        assert cut_off is not None
+        drill = ftctl_on_host_0(hosts, api, "drill", "partition", "--isolate", "2", "--duration", "15")
+        r = drill["report"]
+        assert (drill["status"], drill["fingerprints_equal"], r["group"], r["evicted"]) == ("done", True, 2, []), drill
+        assert set(r["addresses"]["2"].split(", ")) == {hosts.address(i) for i in range(3)}, r["addresses"]
+        assert r["survivors_resume_s"] <= 3 * COLLECTIVE_TIMEOUT_S
+        assert r["rejoined_by"] in ("network", "agent"), r["rejoined_by"]
+        heal = healed_from_a_live_peer(events_dir, 2, r["mended_at"])
+        restarted_alone(events_dir, cut_off)
+        stopped = [e for e in read_events(events_dir, 2) if e["type"] == "exit" and e["ts"] >= r["killed_at"]]
+        print(f"host of group 2 cut off: groups 0 and 1 committed again {r['survivors_resume_s']:.1f} s later; "
+              + (f"its trainer stopped {stopped[0]['ts'] - r['killed_at']:.1f} s after the cut ({stopped[0]['reason']}) "
+                 "and its agent started it again" if r["rejoined_by"] == "agent" and stopped
+                 else "its trainer waited for a quorum through it")
+              + f"; back {heal['ts'] - r['mended_at']:.1f} s after the cut mended, healed {heal['bytes']} bytes from "
+                f"group {heal['source_group']}, committed {r['mend_to_healed_commit_s']:.1f} s after")

@@ -109,7 +109,7 @@ def test_known_label_values_are_there_at_zero_before_anything_happens(tmp_path):
     for kind in ("kill-heal", "hang", "lighthouse", "chaos"):
         for status in ("done", "failed"):
             assert m[("ftctl_drills_total", (("kind", kind), ("status", status)))] == 0
-    for fault in ("crash", "hang", "lighthouse"):
+    for fault in ("crash", "hang", "lighthouse", "partition"):
         for name in ("ftctl_fault_detect_seconds", "ftctl_fault_resume_seconds"):
             assert math.isnan(m[(name, (("fault", fault),))]), (name, fault)
     counters = [f for f in families if f.type == "counter"]

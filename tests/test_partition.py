@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import re
 import time
 
+import pytest
+
 from service.controlplane.partition import survivors
+from service.controlplane.partition_drill import lost_group
 
 
 def rows(groups: range | list[int], cut: set[tuple[int, int]] = frozenset(), one_way: set[tuple[int, int]] = frozenset()):
@@ -62,3 +66,23 @@ def test_past_its_budget_the_search_answers_greedily(monkeypatch):
     monkeypatch.setattr(partition, "MAX_BRANCHES", 1)
     v = survivors(rows(range(6), cut={(0, 1), (2, 3)}))
     assert (v.keep, v.evict) == ((0, 2, 4, 5), (1, 3))
+
+
+def test_the_partition_drill_predicts_the_group_the_rule_evicts():
+    assert lost_group([1, 2], None, [0, 1, 2]) == 2
+    assert lost_group([2, 1], None, [0, 1, 2, 3]) == 2
+    assert lost_group([0, 1], None, [0, 1]) == 1, "two groups: the lower number is kept"
+    assert lost_group(None, 0, [0, 1, 2]) == 0, "an isolated group is the one lost"
+
+
+def test_ftctl_drill_partition_says_in_one_line_what_it_needs():
+    from service.cli import ApiError, DrillCommand
+
+    assert DrillCommand(kind="partition", cut="1,2", duration=15).body() == {"kind": "partition", "cut": [1, 2],
+                                                                             "duration_s": 15}
+    assert DrillCommand(kind="partition", isolate=2).body() == {"kind": "partition", "isolate": 2}
+    for flags, said in (({}, "needs --cut G1,G2 or --isolate G"), ({"cut": "1,2", "isolate": 1}, "(one of them)"),
+                        ({"cut": "1"}, "--cut takes two group numbers, as 1,2; not '1'"),
+                        ({"cut": "1,-2"}, "--cut takes two group numbers")):
+        with pytest.raises(ApiError, match=re.escape(said)):
+            DrillCommand(kind="partition", **flags).body()

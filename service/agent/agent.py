@@ -16,6 +16,7 @@ from protocol.quarantine import take_quarantine
 from protocol.registration import AgentRegistration
 from service.agent.config import AgentSettings
 from service.agent.forwarder import EventForwarder
+from service.agent.netcut import RouteCut
 from service.agent.spare import WarmSpare
 from service.agent.supervisor import GroupCommand, GroupSupervisor, StateConflict
 from service.agent.watchdog import Watchdog
@@ -37,6 +38,7 @@ class Agent:
     spare: WarmSpare | None
     watchdog: Watchdog | None
     zygote: Zygote | None
+    netcut: RouteCut
 
     @classmethod
     def build(cls, settings: AgentSettings) -> "Agent":
@@ -69,11 +71,14 @@ class Agent:
                                    on_step=(lambda e: watchdog.stepped(e.step_s)) if watchdog else lambda e: None,
                                    registration=AgentRegistration(url=settings.api_url(),
                                                                   ranks_per_group=settings.ranks_per_group))
-        return cls(settings, forwarder, supervisor, spare, watchdog, zygote)
+        netcut = RouteCut(settings.group, settings.run_dir / f"group{settings.group}.cut.json", settings.lighthouse,
+                          settings.control_plane)
+        return cls(settings, forwarder, supervisor, spare, watchdog, zygote, netcut)
 
     def open(self) -> None:
         """At start: end what a dead predecessor left, start forwarding, start the group."""
         self.settings.events_dir.mkdir(parents=True, exist_ok=True)
+        self.netcut.undo_predecessors()
         self.supervisor.reap_orphans()
         take_quarantine(self.settings.events_dir, self.settings.group)  # a predecessor's, about ranks now gone
         self.forwarder.start()
@@ -85,7 +90,8 @@ class Agent:
             self.supervisor.start()
 
     def close(self) -> None:
-        """Stop the group gracefully (and its spare), then ship its last events."""
+        """Mend a cut, stop the group gracefully (and its spare), then ship its last events."""
+        self.netcut.mend()
         if self.watchdog:
             self.watchdog.stop()
         self.supervisor.shutdown()
@@ -138,4 +144,5 @@ class Agent:
             events_dropped=forwarder.dropped, events_refused=forwarder.refused, events_invalid=forwarder.invalid,
             events_forwarded=forwarder.forwarded,
             control_plane_reachable=forwarder.reachable, spare=self.spare.state() if self.spare else None,
+            cut=self.netcut.state,
         )

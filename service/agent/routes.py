@@ -8,8 +8,8 @@ from fastapi import APIRouter, Depends, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from protocol.agent import (HEALTH_PATH, PROBE_PATH, STATUS_PATH, AgentAction, AgentStatus, CommandResult,
-                            ProbeRequest, ProbeResult, command_path)
+from protocol.agent import (CUT_PATH, HEALTH_PATH, PROBE_PATH, STATUS_PATH, AgentAction, AgentStatus, CommandResult,
+                            CutRequest, CutState, ProbeRequest, ProbeResult, command_path)
 from protocol.health import Served
 from protocol.injection import INJECT_PATH, InjectRequest, InjectResult
 from service.agent.agent import Agent
@@ -95,3 +95,20 @@ async def probe(body: ProbeRequest, agent: AgentDep) -> ProbeResult:
     """Which of the other groups' agents this host reaches: the control plane's question when the
     groups stall or a commit fails (a partition between groups)."""
     return await probe_peers(agent.settings.group, body)
+
+
+@commands.post(CUT_PATH, response_model=CutState, responses={409: {}})
+def cut(body: CutRequest, agent: AgentDep) -> CutState:
+    """The partition drill: this host stops reaching ``hosts`` (blackhole routes) for ``seconds``,
+    then reaches them again by itself (409, nothing applied, when it cannot: no CAP_NET_ADMIN, a
+    host that is this one, a cut already in place)."""
+    return agent.netcut.apply(body)
+
+
+@commands.delete(CUT_PATH, response_model=CutState, responses={409: {}})
+def mend(agent: AgentDep) -> CutState:
+    """Remove the cut's routes now (the drill ended early); the cut as it ended."""
+    state = agent.netcut.mend()
+    if state is None:
+        raise StateConflict(f"group {agent.settings.group}'s host has not been cut")
+    return state

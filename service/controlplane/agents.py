@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import httpx
 
-from protocol.agent import (PROBE_PATH, STATUS_PATH, AgentAction, AgentStatus, CommandResult, ProbeRequest, ProbeResult,
-                            command_path)
+from protocol.agent import (CUT_PATH, PROBE_PATH, STATUS_PATH, AgentAction, AgentStatus, CommandResult, CutRequest,
+                            CutState, ProbeRequest, ProbeResult, command_path)
 from protocol.tokens import group_token
 from protocol.injection import INJECT_PATH, InjectRequest, InjectResult
 from service.controlplane.errors import AgentConflict, AgentUnreachable, NoAgent
@@ -49,10 +49,18 @@ class AgentClient:
         """Which other groups' agents the group's host reaches (errors as for :meth:`command`)."""
         return ProbeResult.model_validate(await self._post(group, PROBE_PATH, request.model_dump(mode="json")))
 
-    async def _post(self, group: int, path: str, body: dict | None = None) -> dict:
+    async def cut(self, group: int, request: CutRequest) -> CutState:
+        """The partition drill's cut of the group's host (its 409, nothing cut, an :class:`AgentConflict`)."""
+        return CutState.model_validate(await self._post(group, CUT_PATH, request.model_dump()))
+
+    async def mend(self, group: int) -> CutState:
+        """Undo the cut of the group's host now."""
+        return CutState.model_validate(await self._post(group, CUT_PATH, method="DELETE"))
+
+    async def _post(self, group: int, path: str, body: dict | None = None, method: str = "POST") -> dict:
         url = self._url(group)
         try:
-            response = await self.client.post(f"{url}{path}", json=body, headers=self._auth(group))
+            response = await self.client.request(method, f"{url}{path}", json=body, headers=self._auth(group))
         except httpx.HTTPError as err:
             raise AgentUnreachable(f"the agent of group {group} at {url} does not answer: {err}") from None
         if response.status_code == 409:

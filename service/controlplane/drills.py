@@ -2,8 +2,9 @@
 
 One drill runs at a time, and holds the groups while it runs: kill-heal and hang
 (``kill_heal.py``), lighthouse (``lighthouse_drill.py``), chaos (``chaos.py``) or straggler
-(``straggler_drill.py``; the straggler policy may still evict while it runs) or corrupt
-(``corrupt_drill.py``). Each keeps its
+(``straggler_drill.py``; the straggler policy may still evict while it runs), corrupt
+(``corrupt_drill.py``) or partition (``partition_drill.py``; the partition responder acts while
+it runs: it is what the drill measures). Each keeps its
 report in the drills table as it goes, so a client polling it watches the phases; a drill that
 cannot go on ends ``failed`` with the phase and the reason.
 """
@@ -31,8 +32,11 @@ from service.controlplane.models import (
     HangReport,
     KillHealReport,
     LighthouseReport,
+    PartitionIn,
+    PartitionReport,
     StragglerReport,
 )
+from service.controlplane.partition_drill import PartitionRun, lost_group, require_own_hosts
 from service.controlplane.settings import ControlPlaneSettings
 from service.controlplane.straggler_drill import StragglerRun
 from service.controlplane.stragglers import StragglerTracker
@@ -122,6 +126,30 @@ class DrillRunner:
                                 f"check compares groups); training now: {', '.join(map(str, training)) or 'none'}")
         timeout = timeout_s or self.settings.drill_timeout_s
         return self._start("corrupt", report.group, report, lambda ctx: CorruptRun(ctx, report, timeout).run())
+
+    def start_partition(self, body: PartitionIn) -> int:
+        """The groups named must each be on a host of their own (checked on their agents'
+        addresses here; the agents refuse what else cannot be cut), and the group the others
+        lose must leave at least one of them training."""
+        self._check_idle()
+        named = body.cut if body.cut is not None else [body.isolate]
+        for g in named:
+            self.control.require_up(g)
+        views = self.control.board.views
+        up = sorted(g for g, v in views.items() if v.state != "down")
+        lost = lost_group(body.cut, body.isolate, up)
+        survivors = FaultTimeline.survivors_of(lost, views)
+        if not survivors:
+            raise DrillConflict(f"no other group than {lost} is training: losing it would stop the job, not drill it")
+        unregistered = [g for g in named if g not in self.agents.agents]
+        if unregistered:
+            raise DrillConflict(f"no agent is registered for group(s) {', '.join(map(str, unregistered))}: the "
+                                "partition drill cuts the network from the groups' own agents")
+        require_own_hosts({g: self.agents.agents[g] for g in named}, named)
+        report = PartitionReport(group=lost, survivors=sorted(survivors), cut=body.cut, isolate=body.isolate,
+                                 duration_s=body.duration_s)
+        timeout = body.timeout_s or self.settings.drill_timeout_s
+        return self._start("partition", lost, report, lambda ctx: PartitionRun(ctx, report, timeout).run())
 
     def _start(self, kind: str, group: int | None,
                report: KillHealReport | LighthouseReport | ChaosReport | StragglerReport | CorruptReport,

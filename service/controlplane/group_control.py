@@ -50,6 +50,14 @@ class GroupControl:
         if self.holder == drill_id:
             self.holder = self.holder_kind = None
 
+    def holder_lets(self, kind: str) -> tuple[bool, int | None]:
+        """Whether the control plane's own responses may act now, while a drill of ``kind`` may
+        hold the groups (a partition drill watches the partition responder act), and the drill id
+        to act under."""
+        if self.holder is None:
+            return True, None
+        return self.holder_kind == kind, self.holder
+
     def _check_holder(self, drill_id: int | None) -> None:
         if self.holder is not None and drill_id != self.holder:
             raise DrillConflict(f"drill {self.holder} is running; it controls the groups until it ends")
@@ -89,12 +97,12 @@ class GroupControl:
         self._check_holder(drill_id)
         return await self.agents.inject(group, request)
 
-    async def rejoin(self, group: int) -> CommandResult:
+    async def rejoin(self, group: int, drill_id: int | None = None) -> CommandResult:
         """Start a down group again (the REST call): it joins the quorum and heals from a peer."""
         view = self.board.views[group]
         if view.state != "down":
             raise GroupStateConflict(f"group {group} is {view.state}, not down; only a down group can rejoin")
-        self._check_holder(None)
+        self._check_holder(drill_id)
         rejoin = await self._send_rejoin(group)
         if rejoin.restarted_by_agent:
             raise GroupStateConflict(f"group {group} is running again already: its agent restarted it")

@@ -48,9 +48,9 @@ from service.controlplane.stragglers import Pattern, StragglerTracker
 CODES = ("unknown", *STATES)  # dashboards/quorum.py maps these numbers back to names
 HEAL_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120)
 STALL_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10)
-DRILL_KINDS = ("kill-heal", "hang", "lighthouse", "chaos", "straggler", "corrupt")
+DRILL_KINDS = ("kill-heal", "hang", "lighthouse", "chaos", "straggler", "corrupt", "partition")
 FAULT_CLASSES = {"crash": ("kill-heal", "survivors_resume_s"), "hang": ("hang", "survivors_resume_s"),
-                 "lighthouse": ("lighthouse", "max_pause_s")}
+                 "lighthouse": ("lighthouse", "max_pause_s"), "partition": ("partition", "survivors_resume_s")}
 """Fault class → the drill that measures it, and its report's key for "the job trains again"
 (every report's ``detect_s`` is its detection: the survivors' quorum dropped the group, or the
 control plane found the Lighthouse gone)."""

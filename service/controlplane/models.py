@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, model_validator
 
 from protocol.agent import CommandResult
 from protocol.events import ExitKind, SdcEvent, Verdict
@@ -204,7 +204,34 @@ class CorruptIn(DrillBody):
     timeout_s: float | None = Field(None, gt=0, le=3600, description="per phase; default from settings")
 
 
-DrillIn = Annotated[Union[KillHealIn, HangIn, LighthouseIn, ChaosIn, StragglerIn, CorruptIn],
+class PartitionIn(DrillBody):
+    """Cut two groups' hosts apart (``cut``; both still reach the rest), or one group's host off
+    from the whole job (``isolate``), for ``duration_s``; the agents make the cut (blackhole
+    routes) and undo it. Needs each group on a host of its own, and agents with CAP_NET_ADMIN."""
+
+    model_config = ConfigDict(json_schema_extra={"oneOf": [{"required": ["cut"]}, {"required": ["isolate"]}]})
+
+    kind: Literal["partition"]
+    cut: Annotated[list[Annotated[int, Field(ge=0, le=MAX_ID)]] | None, WithJsonSchema(
+        {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": MAX_ID}, "minItems": 2,
+         "maxItems": 2, "uniqueItems": True})] = Field(
+        None, min_length=2, max_length=2, description="two groups whose hosts stop reaching each other")
+    isolate: Annotated[int | None, WithJsonSchema({"type": "integer", "minimum": 0, "maximum": MAX_ID})] = Field(
+        None, ge=0, le=MAX_ID, description="the group whose host stops reaching the Lighthouse, the control plane "
+        "and every other group")
+    duration_s: float = Field(20.0, gt=0, le=3600, description="how long the cut lasts; the agents undo it")
+    timeout_s: float | None = Field(None, gt=0, le=3600, description="per phase; default from settings")
+
+    @model_validator(mode="after")
+    def _one_fault(self) -> "PartitionIn":
+        if (self.cut is None) == (self.isolate is None):
+            raise ValueError("name either cut (two groups) or isolate (one group)")
+        if self.cut is not None and self.cut[0] == self.cut[1]:
+            raise ValueError(f"cut needs two different groups, not {self.cut[0]} twice")
+        return self
+
+
+DrillIn = Annotated[Union[KillHealIn, HangIn, LighthouseIn, ChaosIn, StragglerIn, CorruptIn, PartitionIn],
                     Field(discriminator="kind")]
 
 
@@ -252,8 +279,10 @@ class KillHealReport(BaseModel):
         None, description="a survivor's first commit in a quorum without the killed group (shrunk, or with its spare)")
     survivors_steps_lost: int | None = Field(None, description="survivor steps not committed between kill and resume")
     rejoined_at: float | None = None
-    rejoined_by: Literal["drill", "agent"] | None = Field(
-        None, description="agent: the group's agent restarted it by itself (--auto-rejoin-delay) before the drill asked")
+    rejoined_by: Literal["drill", "agent", "control-plane", "network"] | None = Field(
+        None, description="agent: the group's agent restarted it by itself (--auto-rejoin-delay) before the drill "
+        "asked; control-plane: a partition drill's evicted group, rejoined once it reached everyone; network: a "
+        "partition drill's isolated group, whose ranks waited through the cut")
     heal_started_at: float | None = Field(None, description="the group's heal event: state fetched and loaded")
     healed_commit_at: float | None = Field(None, description="the rejoined group's first committed step after its heal")
     healed_step: int | None = None
@@ -280,6 +309,24 @@ class HangReport(KillHealReport):
     detected_group: int | None = Field(None, description="the group the watchdog ended")
     verdict: str | None = Field(None, description="the watchdog's reason")
     fault_to_end_s: float | None = Field(None, description="the hang began → the group was ended")
+
+
+class PartitionReport(KillHealReport):
+    """What a partition drill measured. ``group`` is the group the others lose: the isolated one,
+    or the one of the cut pair the rule evicts (predicted from the rule, checked against what the
+    control plane did); ``killed_at`` is the cut. Times are Unix seconds; *_s are durations."""
+
+    cut: list[int] | None = None
+    isolate: int | None = None
+    duration_s: float
+    addresses: dict[str, str] = Field(default_factory=dict, description="group → its host's address, as cut")
+    mended_at: float | None = Field(None, description="the agents removed the cut's routes")
+    verdict_at: float | None = Field(None, description="cut: the control plane evicted a group for the partition")
+    cut_to_verdict_s: float | None = Field(None, description="cut → the control plane's eviction")
+    evicted: list[int] = Field(default_factory=list, description="the groups the control plane evicted for it")
+    kept: list[int] = Field(default_factory=list, description="the largest set of groups that all reach each other")
+    rule: str | None = Field(None, description="the control plane's reason, as its partition event says it")
+    mend_to_healed_commit_s: float | None = Field(None, description="mended → the group's healed commit")
 
 
 class LighthousePause(BaseModel):
@@ -444,7 +491,8 @@ class DrillOut(BaseModel):
     error: str | None = None
     fingerprints_equal: bool | None = None
     goodput: float | None = None
-    report: HangReport | KillHealReport | LighthouseReport | ChaosReport | StragglerReport | CorruptReport
+    report: (PartitionReport | HangReport | KillHealReport | LighthouseReport | ChaosReport | StragglerReport
+             | CorruptReport)
 
 
 class DrillList(BaseModel):

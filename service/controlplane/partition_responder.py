@@ -14,7 +14,8 @@ evicted through their agents (down, ``evicted``; never replaced by their warm sp
 on the same side of the cut), and a ``partition`` event says why. Every ``heal_every_s`` the
 agent of each group evicted so is asked again; once it reaches every up group, the group is
 rejoined (it heals from a live peer) and a second event says so. While a drill holds the
-groups, nothing is evicted or rejoined.
+groups, nothing is evicted or rejoined, unless it is a partition drill: that one watches this
+responder do its work.
 """
 
 from __future__ import annotations
@@ -136,19 +137,20 @@ class PartitionResponder:
         verdict = await asyncio.to_thread(survivors, reached)
         if not verdict.partitioned:
             return verdict
-        if self.control.holder is not None:
+        free, drill = self.control.holder_lets("partition")
+        if not free:
             log.warning("groups %s cannot all reach each other, but drill %d holds the groups: nothing evicted",
                         ", ".join(f"{g}-{h}" for g, h in verdict.cut), self.control.holder)
             return verdict
         for g in verdict.evict:
-            await self._evict(g, verdict)
+            await self._evict(g, verdict, drill)
         return verdict
 
-    async def _evict(self, g: int, verdict: PartitionVerdict) -> None:
+    async def _evict(self, g: int, verdict: PartitionVerdict, drill: int | None) -> None:
         """Evict one group the rule leaves out, and say why."""
         unreached = sorted({h for pair in verdict.cut if g in pair for h in pair} - {g})
         try:
-            await self.control.evict(g, replace_by_spare=False)
+            await self.control.evict(g, drill_id=drill, replace_by_spare=False)
         except DomainError as err:
             log.warning("not evicting partitioned group %d: %s", g, err)
             return
@@ -173,10 +175,11 @@ class PartitionResponder:
             return False
         peers = [h for h in self._up() if h != group]
         row = await self._reached(group, peers)
-        if row is None or not all(row.values()) or self.control.holder is not None:
+        free, drill = self.control.holder_lets("partition")
+        if row is None or not all(row.values()) or not free:
             return False
         try:
-            await self.control.rejoin(group)
+            await self.control.rejoin(group, drill_id=drill)
         except DomainError as err:
             log.warning("not rejoining group %d yet: %s", group, err)
             return False

@@ -34,7 +34,7 @@ from protocol.events import (
 from service.controlplane.fingerprints import FingerprintBook
 from service.controlplane.groups import GroupView
 
-RejoinedBy = Literal["drill", "agent"]
+RejoinedBy = Literal["drill", "agent", "network"]
 
 
 class Milestone(Enum):
@@ -100,6 +100,13 @@ class FaultTimeline:
         if self.rejoined_at is None:
             self.rejoined_at, self.rejoined_by = at, by
 
+    def returned(self, at: float) -> None:
+        """The group's ranks were never ended: cut off from the others, they waited, and they are
+        back once the network is, at ``at`` (a partition)."""
+        self.rejoined(at, "network")
+        if self.up_at is None:
+            self.up_at = at
+
     def _observe_replacement(self, e: Event) -> None:
         """The group's own events come in order per source (its agent, each rank)."""
         if isinstance(e, ProcessEvent):
@@ -115,7 +122,7 @@ class FaultTimeline:
                 self.up_at = e.ts
             case HealEvent():
                 self.heal = e
-            case StepEvent(committed=True) if self.up_at is not None:
+            case StepEvent(committed=True) if self.up_at is not None and e.ts >= self.up_at:
                 self.healed_commit_at, self.healed_step = e.ts, e.step
 
     def _observe_survivor(self, e: Event) -> None:

@@ -20,6 +20,8 @@ from service.controlplane.models import (
     KillHealReport,
     LighthouseIn,
     LighthouseReport,
+    PartitionIn,
+    PartitionReport,
     StragglerIn,
     StragglerReport,
 )
@@ -29,7 +31,7 @@ mutating = APIRouter(prefix="/api/v1/drills", tags=["drills"])
 
 
 REPORTS = {"kill-heal": KillHealReport, "hang": HangReport, "lighthouse": LighthouseReport, "chaos": ChaosReport,
-           "straggler": StragglerReport, "corrupt": CorruptReport}
+           "straggler": StragglerReport, "corrupt": CorruptReport, "partition": PartitionReport}
 
 
 def drill_out(row: dict) -> DrillOut:
@@ -56,6 +58,10 @@ async def start_drill(body: DrillIn, response: Response, s: ServicesDep) -> Dril
     elif isinstance(body, CorruptIn):
         find_group(s, body.group)
         drill_id = s.drills.start_corrupt(CorruptReport(**body.model_dump(exclude={"kind", "timeout_s"})), body.timeout_s)
+    elif isinstance(body, PartitionIn):
+        for g in body.cut or [body.isolate]:
+            find_group(s, g)
+        drill_id = s.drills.start_partition(body)
     else:
         drill_id = s.drills.start_chaos(ChaosReport(**body.model_dump(exclude={"kind"})))
     response.headers["Location"] = f"/api/v1/drills/{drill_id}"

@@ -198,7 +198,7 @@ function ingest(e) {
 
 // fault class -> the drill that measures it and its report's "trains again" key
 const FAULT_CLASSES = [["crash", "kill-heal", "survivors_resume_s"], ["hang", "hang", "survivors_resume_s"],
-                       ["lighthouse", "lighthouse", "max_pause_s"]];
+                       ["lighthouse", "lighthouse", "max_pause_s"], ["partition", "partition", "survivors_resume_s"]];
 const secs = (v) => (v != null ? v.toFixed(2) + "s" : "-");
 
 function byFaultClass(drills) {

@@ -1,0 +1,93 @@
+"""The partition drill's cut as an agent makes it on its own host (``service/agent/netcut.py``),
+run on a namespace host: blackhole routes that part it from a peer, undone by their timer or by a
+successor, and refused in one line where they cannot be made."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from cluster import REPO
+from netns import NamespaceHosts, skip_unless_available
+
+CUT_ON_HOST = r"""
+import json, socket, sys, time
+from pathlib import Path
+from protocol.agent import CutRequest
+from service.agent.netcut import CutRefused, RouteCut
+
+peer, state_path = sys.argv[1], Path(sys.argv[2])
+lighthouse = f"http://{peer}:29510"
+
+def reaches() -> bool:
+    s = socket.socket()
+    s.settimeout(1.0)
+    try:
+        s.connect((peer, 9))  # nobody listens: refused means the peer's host answered
+        return True
+    except ConnectionRefusedError:
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+
+out = {"before": reaches()}
+cut = RouteCut(0, state_path, lighthouse, None)
+for hosts in (["127.0.0.1"], [sys.argv[3]]):
+    try:
+        cut.apply(CutRequest(hosts=hosts, seconds=5))
+    except CutRefused as err:
+        out.setdefault("refused", []).append(str(err))
+out["reaches_after_refusals"] = reaches()
+state = cut.apply(CutRequest(hosts=[], job_services=True, seconds=1.0))
+out["addresses"], out["during"], out["kept"] = state.addresses, reaches(), state_path.exists()
+try:
+    cut.apply(CutRequest(hosts=[peer], seconds=5))
+except CutRefused as err:
+    out["twice"] = str(err)
+time.sleep(1.5)
+out["after_timer"], out["mended"], out["kept_after"] = reaches(), cut.state.mended_at is not None, state_path.exists()
+RouteCut(0, state_path, lighthouse, None).apply(CutRequest(hosts=[peer], seconds=600))  # its agent dies now
+out["left_behind"] = reaches()
+RouteCut(0, state_path, lighthouse, None).undo_predecessors()
+out["successor_undid"] = reaches()
+print(json.dumps(out))
+"""
+
+
+def on_host(net: NamespaceHosts, i: int, *args: str, prefix: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    return subprocess.run([*net.run(i), *prefix, sys.executable, "-c", CUT_ON_HOST, *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_a_cut_parts_the_host_from_its_peer_until_its_timer_and_a_successor_undoes_a_dead_agents_cut(tmp_path):
+    skip_unless_available()
+    with NamespaceHosts(2) as net:
+        ran = on_host(net, 0, net.address(1), str(tmp_path / "cut.json"), net.address(0))
+        assert ran.returncode == 0, ran.stderr
+        out = json.loads(ran.stdout)
+    assert out["before"] and out["reaches_after_refusals"], "a refused cut changes nothing"
+    loopback, own = out["refused"]
+    assert "127.0.0.1" in loopback and "cannot be parted by a route" in loopback
+    assert net.address(0) in own and "own host" in own
+    assert out["addresses"] == [net.address(1)], "job_services: the Lighthouse's host (here the peer)"
+    assert not out["during"] and out["kept"]
+    assert "cut already" in out["twice"]
+    assert out["after_timer"] and out["mended"] and not out["kept_after"], "the timer mends the cut by itself"
+    assert not out["left_behind"] and out["successor_undid"]
+
+
+def test_an_agent_without_cap_net_admin_is_refused_in_one_line_and_nothing_is_cut(tmp_path):
+    skip_unless_available()
+    with NamespaceHosts(2) as net:
+        state = tmp_path / "nobody"
+        state.mkdir(mode=0o777)
+        ran = on_host(net, 0, net.address(1), str(state / "cut.json"), net.address(0),
+                      prefix=("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"))
+        assert ran.returncode == 1, ran.stdout
+        assert not Path(state / "cut.json").exists()
+    [line] = [ln for ln in ran.stderr.strip().splitlines() if ln.startswith("service.agent.netcut.CutRefused")]
+    assert "needs CAP_NET_ADMIN" in line and "nothing was cut" in line, line
