@@ -11,7 +11,7 @@ for ``--step-s`` (a step lasts the quorum's wait plus that). A group behind the 
 It writes the real event stream (start, quorum, heal, step, exit) through the trainer's event
 sink, and the real agent forwarder ships it to the control plane, where each group registers
 itself. One HTTP server answers the agent API for every group at ``/g/{group}``: the control
-plane's kill, rejoin and liveness checks reach it as they reach a real agent. A killed group
+plane's kill, rejoin, liveness checks and partition probes reach it as they reach a real agent. A killed group
 stops heartbeating and asking at once, as a SIGKILLed one does; its request in flight is left
 to the Lighthouse.
 
@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import get_args
+from urllib.parse import urlsplit
 
 import httpx
 import uvicorn
@@ -45,7 +46,8 @@ from fastapi import APIRouter, Depends, FastAPI, HTTPException
 from pydantic import BaseModel
 from torchft._torchft import LighthouseClient
 
-from protocol.agent import HEALTH_PATH, STATUS_PATH, AgentAction, AgentStatus, CommandResult, LastExit, command_path
+from protocol.agent import (HEALTH_PATH, PROBE_PATH, STATUS_PATH, AgentAction, AgentStatus, CommandResult, LastExit,
+                            ProbeRequest, ProbeResult, command_path)
 from protocol.auth import require_token
 from protocol.events import ExitEvent, HealEvent, QuorumEvent, StartEvent, StepEvent
 from protocol.health import Served
@@ -54,6 +56,7 @@ from protocol.replicas import group_of, replica_name
 from protocol.tokens import group_token, strong_token
 from protocol.torchrun import free_port
 from service.agent.forwarder import EventForwarder
+from service.agent.probe import probe as probe_peers
 from service.proctree import end_tree
 from trainer.telemetry import EventSink
 
@@ -329,6 +332,17 @@ def create_app(host: Host) -> FastAPI:
 
     for action in get_args(AgentAction):
         commands.add_api_route(command_path(action), command(action), methods=["POST"], response_model=CommandResult)
+
+    @commands.post(PROBE_PATH, response_model=ProbeResult)
+    async def probe(group: int, body: ProbeRequest) -> ProbeResult:
+        """The partition responder's question: the groups served here share this host and reach
+        each other (the question came in); others are probed as an agent probes them."""
+        host.group(group)
+        here = urlsplit(host.cfg.url).netloc
+        elsewhere = ProbeRequest(peers={g: u for g, u in body.peers.items() if urlsplit(str(u)).netloc != here},
+                                 timeout_s=body.timeout_s)
+        probed = (await probe_peers(group, elsewhere)).reached if elsewhere.peers else {}
+        return ProbeResult(group=group, reached={g: probed.get(g, True) for g in body.peers})
 
     @app.get("/stats", response_model=Stats)
     def stats(reset: bool = False) -> Stats:

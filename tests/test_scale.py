@@ -30,6 +30,10 @@ def test_64_simulated_groups_show_up_a_kill_shows_down_the_quorum_shrinks_and_a_
         job.wait_training(180)
         agents = job.api.get("/api/v1/agents").json()["agents"]
         assert sorted(a["group"] for a in agents) == list(range(64)), "every group registered itself"
+        urls = {a["group"]: a["url"] for a in agents}
+        probed = httpx.post(f"{urls[0]}/probe", json={"peers": {1: urls[1], 63: urls[63]}, "timeout_s": 2},
+                            headers={"Authorization": f"Bearer {group_token(TOKEN, 0)}"})
+        assert probed.json()["reached"] == {"1": True, "63": True}, "the partition responder's probe, both hosts"
         wait_for(lambda: quorum_size(job) == 64, 60, "a quorum of all 64 groups")
 
         with chromium() as driver:
