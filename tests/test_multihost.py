@@ -251,13 +251,32 @@ def healed_from_a_live_peer(events_dir: Path, group: int, since: float) -> dict:
     return heals[0]
 
 
+CANCEL_ONCE_CUT = """
+import httpx, json, sys, time
+api, auth = sys.argv[1], {"Authorization": f"Bearer {sys.argv[2]}"}
+drill = httpx.post(f"{api}/api/v1/drills", json=json.loads(sys.argv[3]), headers=auth).raise_for_status().json()
+while httpx.get(f"{api}/api/v1/drills/{drill['id']}").json()["report"]["phase"] in ("starting", "cut"):
+    time.sleep(0.05)
+print(json.dumps(httpx.delete(f"{api}/api/v1/drills/{drill['id']}", headers=auth).raise_for_status().json()))
+"""
+
+
+def cancelled_once_cut(hosts: Hosts, api: str, pair: list[int]) -> dict:
+    """A 10-minute partition drill of ``pair``, cancelled once its cut is made; the drill as cancelled."""
+    body = json.dumps({"kind": "partition", "cut": pair, "duration_s": 600})
+    ran = subprocess.run([*hosts.run(0), sys.executable, "-c", CANCEL_ONCE_CUT, api, JOB_TOKEN, body],
+                         capture_output=True, text=True, timeout=120)
+    assert ran.returncode == 0, ran.stderr
+    return json.loads(ran.stdout)
+
+
 def test_a_partition_drill_cutting_two_groups_evicts_the_rules_loser_and_it_rejoins_once_mended(hosts, tmp_path):
     """``ftctl drill partition --cut 1,2``: the agents of groups 1 and 2 (hosts 2 and 3) route
     each other's host away; both still reach the Lighthouse and group 0. Without help every
     quorum takes all three back and every commit fails. The control plane probes, keeps {0, 1}
     (the largest set that all reach each other, the lowest numbers first) and evicts group 2;
     groups 0 and 1 commit again. The agents mend the cut after its duration: group 2 rejoins and
-    heals from a live peer, bitwise."""
+    heals from a live peer, bitwise. A second drill, cancelled once its cut is made, mends it."""
     with Owner() as owner:
         api = three_agents(hosts, owner, tmp_path)
         drill = ftctl_on_host_0(hosts, api, "drill", "partition", "--cut", "1,2", "--duration", "15")
@@ -274,6 +293,11 @@ def test_a_partition_drill_cutting_two_groups_evicts_the_rules_loser_and_it_rejo
         assert 'ftctl_partition_actions_total{action="rejoined"} 1.0' in scraped
         agent_metrics = fetched_on(hosts, 0, f"http://{hosts.address(3)}:{AGENT_PORT}/metrics")
         assert "ftctl_agent_group_starts_total" in agent_metrics, "group 2's agent scraped from host 0"
+        cancelled = cancelled_once_cut(hosts, api, [0, 1])
+        assert cancelled["status"] == "cancelled", cancelled
+        for g in (0, 1):
+            cut = json.loads(fetched_on(hosts, 0, f"http://{hosts.address(g + 1)}:{AGENT_PORT}/status"))["cut"]
+            assert cut["at"] >= cancelled["created"] and cut["mended_at"] is not None, "a cancelled drill mends its cut"
         print(f"groups 1 and 2 cut for 15 s: group 2 evicted {r['cut_to_verdict_s']:.1f} s after the cut, groups 0 "
               f"and 1 committed again {r['survivors_resume_s']:.1f} s after it (collective timeout "
               f"{COLLECTIVE_TIMEOUT_S:g} s); mended: group 2 rejoined {rejoined['ts'] - r['mended_at']:.1f} s, healed "

@@ -9,8 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from cluster import REPO
+from cluster import REPO, wait_for
 from netns import NamespaceHosts, skip_unless_available
+from processes import Owner
+from protocol.tokens import group_token
 
 CUT_ON_HOST = r"""
 import json, socket, sys, time
@@ -91,3 +93,66 @@ def test_an_agent_without_cap_net_admin_is_refused_in_one_line_and_nothing_is_cu
         assert not Path(state / "cut.json").exists()
     [line] = [ln for ln in ran.stderr.strip().splitlines() if ln.startswith("service.agent.netcut.CutRefused")]
     assert "needs CAP_NET_ADMIN" in line and "nothing was cut" in line, line
+
+
+AGENT_CALLS = r"""
+import httpx, json, socket, sys
+agent, peer, token = sys.argv[1], sys.argv[2], sys.argv[3]
+auth = {"Authorization": f"Bearer {token}"}
+
+def reaches() -> bool:
+    s = socket.socket()
+    s.settimeout(1.0)
+    try:
+        s.connect((peer, 9))
+        return True
+    except ConnectionRefusedError:
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+
+out = {}
+for step in sys.argv[4:]:
+    if step == "cut":
+        r = httpx.post(f"{agent}/cut", json={"hosts": [peer], "seconds": 600}, headers=auth)
+    else:
+        r = httpx.delete(f"{agent}/cut", headers=auth)
+    out[step] = {"status": r.status_code, "body": r.json(), "reaches": reaches()}
+out["reaches"] = reaches()
+print(json.dumps(out))
+"""
+
+
+def test_an_agent_mends_its_cut_on_request_and_when_it_stops(tmp_path):
+    """``DELETE /cut`` takes the routes away at once; a cut still in place when the agent stops
+    (SIGTERM: a drill's job torn down) goes with it."""
+    skip_unless_available()
+    token = "netcut-token-0123456789abcdef01"
+    with NamespaceHosts(2) as net, Owner() as owner:
+        address, peer = net.address(0), net.address(1)
+        agent = subprocess.Popen(
+            [*net.run(0), sys.executable, "-m", "service.agent", "--group", "0", "--groups", "1", "--no-autostart",
+             "--host", address, "--port", "29700", "--lighthouse", f"http://{peer}:29510", "--state-dir", str(tmp_path)],
+            env=owner.env(FTCTL_TOKEN=token), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True)
+        url = f"http://{address}:29700"
+
+        def calls(*steps: str) -> dict:
+            ran = subprocess.run([*net.run(0), sys.executable, "-c", AGENT_CALLS, url, peer, group_token(token, 0),
+                                  *steps], cwd=REPO, capture_output=True, text=True, timeout=60)
+            assert ran.returncode == 0, ran.stderr
+            return json.loads(ran.stdout)
+
+        wait_for(lambda: subprocess.run([*net.run(0), "bash", "-c", f"exec 3<>/dev/tcp/{address}/29700"],
+                                        capture_output=True).returncode == 0, 60, "the agent on host 0")
+        out = calls("cut", "mend")
+        assert (out["cut"]["status"], out["cut"]["reaches"]) == (200, False), out
+        assert out["cut"]["body"]["addresses"] == [peer] and out["cut"]["body"]["mended_at"] is None
+        assert (out["mend"]["status"], out["mend"]["reaches"]) == (200, True) and out["mend"]["body"]["mended_at"]
+        assert calls("cut")["cut"]["reaches"] is False
+        agent.terminate()
+        agent.wait(timeout=60)  # uvicorn ends by the SIGTERM it caught, once shut down
+        assert calls()["reaches"], "the stopped agent's cut is gone"
+        assert not (tmp_path / "run" / "group0.cut.json").exists()
