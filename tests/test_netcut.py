@@ -14,20 +14,16 @@ from netns import NamespaceHosts, skip_unless_available
 from processes import Owner
 from protocol.tokens import group_token
 
-CUT_ON_HOST = r"""
-import json, socket, sys, time
-from pathlib import Path
-from protocol.agent import CutRequest
-from service.agent.netcut import CutRefused, RouteCut
+REACHES = r"""
+import socket
 
-peer, state_path = sys.argv[1], Path(sys.argv[2])
-lighthouse = f"http://{peer}:29510"
 
 def reaches() -> bool:
+    # whether this host reaches `peer` (a global of the script): refused means its host answered
     s = socket.socket()
     s.settimeout(1.0)
     try:
-        s.connect((peer, 9))  # nobody listens: refused means the peer's host answered
+        s.connect((peer, 9))
         return True
     except ConnectionRefusedError:
         return True
@@ -35,6 +31,16 @@ def reaches() -> bool:
         return False
     finally:
         s.close()
+"""
+
+CUT_ON_HOST = REACHES + r"""
+import json, sys, time
+from pathlib import Path
+from protocol.agent import CutRequest
+from service.agent.netcut import CutRefused, RouteCut
+
+peer, state_path = sys.argv[1], Path(sys.argv[2])
+lighthouse = f"http://{peer}:29510"
 
 out = {"before": reaches()}
 cut = RouteCut(0, state_path, lighthouse, None)
@@ -95,23 +101,10 @@ def test_an_agent_without_cap_net_admin_is_refused_in_one_line_and_nothing_is_cu
     assert "needs CAP_NET_ADMIN" in line and "nothing was cut" in line, line
 
 
-AGENT_CALLS = r"""
-import httpx, json, socket, sys
+AGENT_CALLS = REACHES + r"""
+import httpx, json, sys
 agent, peer, token = sys.argv[1], sys.argv[2], sys.argv[3]
 auth = {"Authorization": f"Bearer {token}"}
-
-def reaches() -> bool:
-    s = socket.socket()
-    s.settimeout(1.0)
-    try:
-        s.connect((peer, 9))
-        return True
-    except ConnectionRefusedError:
-        return True
-    except OSError:
-        return False
-    finally:
-        s.close()
 
 out = {}
 for step in sys.argv[4:]:
