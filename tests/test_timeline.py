@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from protocol.events import EVENT_ADAPTER, Event, FingerprintEvent, ProcessEvent, StepEvent
+from protocol.events import EVENT_ADAPTER, Event, FingerprintEvent, ProcessEvent, StartEvent, StepEvent
 from service.controlplane.groups import GroupView, Transition, next_state
 from service.controlplane.kill_heal import fill_report
 from service.controlplane.models import KillHealReport
@@ -196,3 +196,23 @@ def test_a_survivor_step_in_the_old_quorum_is_not_a_resume():
                and e.ts < r["killed_at"])
     t.observe(old.model_copy(update={"ts": r["killed_at"] + 0.01}))  # same quorum, both groups: not resumed
     assert not t.reached(Milestone.SURVIVORS_RESUMED)
+
+
+def test_a_group_that_waited_through_a_cut_returns_at_the_mend_and_its_late_steps_from_before_do_not_count():
+    """The partition drill's isolated group: its ranks never ended, so no start event; it is back
+    once the cut is mended. A step it failed during the cut, shipped late by its agent, is not
+    its healed commit."""
+    rec = recording("kill_heal_rejoined_by_drill")
+    r = rec["drill"]["report"]
+    t = begin(rec, 1, r["killed_at"])
+    mended = r["rejoined_at"]
+    t.returned(mended)
+    stale = next(e for e in events_of(rec) if isinstance(e, StepEvent) and e.group == 1 and e.rank == 0
+                 and e.committed and e.ts < r["killed_at"])
+    t.observe(stale.model_copy(update={"ts": (r["killed_at"] + mended) / 2}))
+    assert not t.reached(Milestone.HEALED)
+    for e in events_of(rec):
+        if not (e.group == 1 and isinstance(e, (ProcessEvent, StartEvent))):
+            t.observe(e)
+    assert (t.rejoined_by, t.rejoined_at, t.up_at) == ("network", mended, mended)
+    assert t.healed_commit_at == r["healed_commit_at"] and t.fingerprint_step == r["fingerprint_step"]
