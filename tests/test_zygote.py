@@ -46,7 +46,9 @@ def spawn(zygote: Zygote, trainer_args: list[str], tmp_path: Path) -> ForkedGrou
 
 def test_a_forked_rank_gets_the_environment_torchrun_gives(tmp_path):
     script = tmp_path / "env.py"
-    script.write_text("import json, os, sys\nprint(json.dumps(dict(os.environ)))\n")
+    # one write per rank: under PYTHONUNBUFFERED, print() writes the newline apart, and two ranks'
+    # lines on torchrun's one pipe could interleave
+    script.write_text("import json, os, sys\nsys.stdout.write(json.dumps(dict(os.environ)) + '\\n')\n")
     port = free_port()
     argv = torchrun_argv(2, [], "127.0.0.1", port)
     assert argv[-2:] == ["-m", "trainer"]
