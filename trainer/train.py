@@ -157,6 +157,7 @@ class RankTrainer:
         # The manager's own state (step, batches committed) as a checkpoint restores it; the
         # manager is created last, just before joining, so a warm spare has none while it waits.
         self.manager = None
+        self._left_quorum = False
         self.manager_state = {"step": 0, "batches_committed": 0}
         self.checkpointer = None
         self.checkpoint_stall_s = 0.0  # the next step event's
@@ -445,8 +446,19 @@ class RankTrainer:
         self.sink.close()
         self.beacon.close()
         self.injected.close()
-        self.manager.shutdown(wait=False)
+        self.leave_quorum()
         dist.destroy_process_group()
+
+    def leave_quorum(self) -> None:
+        """Stop this rank's torchft Manager, once: on rank 0 its heartbeats and its quorum requests
+        to the Lighthouse end with it. A rank giving up on a quorum calls this first, before
+        anything slower: a Lighthouse reached again meanwhile (a network back) would otherwise see
+        a fresh heartbeat and a pending join from a process about to exit, and put it in the
+        others' next quorum, where they wait a collective timeout for it (measured: 10 s, twice,
+        and a survivor that gave up on its own quorum in between)."""
+        if not self._left_quorum:
+            self._left_quorum = True
+            self.manager.shutdown(wait=False)
 
 
 def _finite(value: float | None) -> float | None:
@@ -466,7 +478,10 @@ def run(cfg: TrainerConfig, process_start: float, forked: bool = False) -> int:
     try:
         reason = trainer.train(stop)
     except Exception as err:
-        away = lighthouse_unreachable(cfg.lighthouse, LIGHTHOUSE_PROBE_TIMEOUT_S) if isinstance(err, TimeoutError) else None
+        away = None
+        if isinstance(err, TimeoutError):
+            trainer.leave_quorum()
+            away = lighthouse_unreachable(cfg.lighthouse, LIGHTHOUSE_PROBE_TIMEOUT_S)
         if away is None:
             trainer.close("error", f"{type(err).__name__}: {err}")
             raise
