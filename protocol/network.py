@@ -16,6 +16,8 @@ import ipaddress
 import socket
 from collections.abc import Mapping, Sequence
 
+import psutil
+
 GLOO_INTERFACE_ENV = "GLOO_SOCKET_IFNAME"
 
 
@@ -29,6 +31,11 @@ def resolve(host: str) -> str:
 
 def is_loopback(address: str) -> bool:
     return ipaddress.ip_address(address).is_loopback
+
+
+def local_interfaces() -> dict[str, list[str]]:
+    """This host's interfaces and their addresses, as :func:`interface_of` takes them."""
+    return {name: [a.address for a in addrs] for name, addrs in psutil.net_if_addrs().items()}
 
 
 def interface_of(address: str, interfaces: Mapping[str, Sequence[str]]) -> str | None:

@@ -7,10 +7,10 @@ import os
 import socket
 from collections.abc import MutableMapping
 
-import psutil
 
 from protocol.lighthouse import lighthouse_endpoint
-from protocol.network import GLOO_INTERFACE_ENV, advertise_problem, interface_of, reachable_addresses, resolve
+from protocol.network import (GLOO_INTERFACE_ENV, advertise_problem, interface_of, local_interfaces,
+                              reachable_addresses, resolve)
 from trainer.config import TrainerConfig
 from trainer.errors import ConfigError
 
@@ -30,7 +30,7 @@ def use_advertised_interface(cfg: TrainerConfig, env: MutableMapping[str, str] =
         address = resolve(host)
     except OSError as err:
         raise ConfigError(f"--advertise-host {host} does not resolve here ({err}); pass this host's address") from None
-    interfaces = {name: [a.address for a in addrs] for name, addrs in psutil.net_if_addrs().items()}
+    interfaces = local_interfaces()
     try:
         lighthouse_address = resolve(lighthouse_endpoint(cfg.lighthouse)[0])
     except (ValueError, OSError):

@@ -30,7 +30,8 @@ from urllib.parse import urlsplit
 
 from protocol.agent import CutRequest, CutState
 from protocol.files import read_model, write_model
-from protocol.network import resolve
+from protocol.lighthouse import lighthouse_endpoint
+from protocol.network import interface_of, is_loopback, local_interfaces, resolve
 from service.agent.supervisor import StateConflict
 
 log = logging.getLogger("agent.netcut")
@@ -48,16 +49,12 @@ def _ip(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(["ip", *args], capture_output=True, text=True, timeout=10)
 
 
-def _host_of(url: str) -> str:
-    """The host of a URL or of a bare ``host:port`` (the Lighthouse's address may be either)."""
-    return urlsplit(url if "://" in url else f"//{url}").hostname or url
-
-
 class RouteCut:
     def __init__(self, group: int, state_path: Path, lighthouse: str, control_plane: str | None):
         self.group = group
         self.state_path = state_path
-        self.job_services = [_host_of(lighthouse), *([_host_of(control_plane)] if control_plane else [])]
+        self.lighthouse = lighthouse
+        self.control_plane = control_plane
         self.state: CutState | None = None
         self._lock = threading.Lock()
         self._timer: threading.Timer | None = None
@@ -66,15 +63,25 @@ class RouteCut:
     def active(self) -> bool:
         return self.state is not None and self.state.mended_at is None
 
+    def _job_services(self) -> list[str]:
+        """The hosts of the Lighthouse and the control plane, as this agent reaches them."""
+        try:
+            lighthouse = lighthouse_endpoint(self.lighthouse)[0]
+        except ValueError as err:
+            raise CutRefused(f"{err}; nothing was cut") from None
+        control_plane = urlsplit(self.control_plane).hostname if self.control_plane else None
+        return [lighthouse, *([control_plane] if control_plane else [])]
+
     def _addresses(self, hosts: Iterable[str]) -> list[str]:
         """Each host's address; refused when one is loopback or this host's own."""
         out: list[str] = []
+        local = local_interfaces()
         for host in hosts:
             try:
                 address = resolve(host)
             except OSError as err:
                 raise CutRefused(f"group {self.group}'s host cannot resolve {host} ({err}); nothing was cut") from None
-            if ipaddress.ip_address(address).is_loopback or _ip("route", "get", address).stdout.split()[:1] == ["local"]:
+            if is_loopback(address) or interface_of(address, local) is not None:
                 raise CutRefused(f"{host} ({address}) is group {self.group}'s own host: groups that share a host "
                                  f"cannot be parted by a route; the partition drill needs each group, the Lighthouse "
                                  f"and the control plane on hosts (or network namespaces) of their own")
@@ -91,7 +98,7 @@ class RouteCut:
                 raise CutRefused(f"group {self.group}'s host is cut already (from {', '.join(self.state.addresses)} "
                                  f"until {time.strftime('%H:%M:%S', time.localtime(self.state.until))}); "
                                  "mend it first (DELETE /cut)")
-            addresses = self._addresses([*request.hosts, *(self.job_services if request.job_services else [])])
+            addresses = self._addresses([*request.hosts, *(self._job_services() if request.job_services else [])])
             if not addresses:
                 raise CutRefused("no host to cut: name at least one")
             added: list[str] = []

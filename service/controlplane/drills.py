@@ -132,7 +132,7 @@ class DrillRunner:
         addresses here; the agents refuse what else cannot be cut), and the group the others
         lose must leave at least one of them training."""
         self._check_idle()
-        named = body.cut if body.cut is not None else [body.isolate]
+        named = body.groups
         for g in named:
             self.control.require_up(g)
         views = self.control.board.views

@@ -222,6 +222,11 @@ class PartitionIn(DrillBody):
     duration_s: float = Field(20.0, gt=0, le=3600, description="how long the cut lasts; the agents undo it")
     timeout_s: float | None = Field(None, gt=0, le=3600, description="per phase; default from settings")
 
+    @property
+    def groups(self) -> list[int]:
+        """The groups named: the cut pair, or the isolated group."""
+        return self.cut if self.cut is not None else [self.isolate]
+
     @model_validator(mode="after")
     def _one_fault(self) -> "PartitionIn":
         if (self.cut is None) == (self.isolate is None):

@@ -49,8 +49,8 @@ def host_of(url: str) -> str:
     return urlsplit(url).hostname or url
 
 
-def require_own_hosts(agents: dict[int, str], groups: list[int]) -> dict[int, str]:
-    """Each named group's agent's host, when they are hosts of their own; a one-line 409 otherwise."""
+def require_own_hosts(agents: dict[int, str], groups: list[int]) -> None:
+    """A one-line 409 unless each named group's agent is on a host of its own."""
     hosts = {g: host_of(agents[g]) for g in groups}
     for g, host in hosts.items():
         try:
@@ -64,7 +64,6 @@ def require_own_hosts(agents: dict[int, str], groups: list[int]) -> dict[int, st
     if len(set(hosts.values())) < len(hosts):
         raise DrillConflict(f"groups {' and '.join(map(str, groups))} share the host {hosts[groups[0]]}: a route "
                             "cannot part them; the partition drill needs each group on a host of its own")
-    return hosts
 
 
 class PartitionRun:
@@ -75,10 +74,6 @@ class PartitionRun:
         self.cuts: dict[int, CutState] = {}
         self.timeline: FaultTimeline | None = None
         self.rejoined_event: PartitionEvent | None = None
-
-    @property
-    def cut_groups(self) -> list[int]:
-        return self.r.cut if self.r.cut is not None else [self.r.isolate]
 
     def _requests(self) -> dict[int, CutRequest]:
         r, agents = self.r, self.ctx.agents.agents

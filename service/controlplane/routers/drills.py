@@ -59,7 +59,7 @@ async def start_drill(body: DrillIn, response: Response, s: ServicesDep) -> Dril
         find_group(s, body.group)
         drill_id = s.drills.start_corrupt(CorruptReport(**body.model_dump(exclude={"kind", "timeout_s"})), body.timeout_s)
     elif isinstance(body, PartitionIn):
-        for g in body.cut or [body.isolate]:
+        for g in body.groups:
             find_group(s, g)
         drill_id = s.drills.start_partition(body)
     else:
