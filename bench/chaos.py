@@ -41,7 +41,7 @@ def main() -> None:
     r = chaos["report"]
     print(f"chaos: {chaos['status']} {chaos.get('error') or ''}; mtbf {args.mtbf}s, {args.duration}s, seed {args.seed}, "
           f"drill rejoin after {args.rejoin_delay}s, {describe_recovery(args)}")
-    print(f"  failure-free {r['baseline_rate']:.2f} replica-batches/s, under chaos {r['chaos_rate']:.2f}: "
+    print(f"  failure-free {r['baseline_rate']:.2f} samples/s, under chaos {r['chaos_rate']:.2f}: "
           f"goodput {100 * r['goodput']:.1f}% over {len(r['kills'])} kills")
     print("  time lost: " + ", ".join(f"{k} {v:.1f}s" for k, v in r["lost_s"].items()))
     print(f"  median step: {r['baseline_step_s']:.3f}s failure-free, {r['chaos_step_s']:.3f}s under chaos")

@@ -22,13 +22,12 @@ import time
 PROCESS_START = time.time()
 
 import torch.distributed as dist  # noqa: E402
-from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
 
 from protocol.events import CheckpointEvent, StartEvent, StepEvent  # noqa: E402
 from protocol.settings import parse_settings  # noqa: E402
 from trainer.checkpoint import Checkpointer  # noqa: E402
 from trainer.config import TrainerConfig  # noqa: E402
-from trainer.setup import build_training, init_device  # noqa: E402
+from trainer.builder import build_training, init_device, parallel_dims  # noqa: E402
 from trainer.telemetry import EventSink  # noqa: E402
 
 
@@ -52,10 +51,10 @@ def main() -> int:
     ranks_per_group = cfg.ranks_per_group
     assert world == cfg.groups * ranks_per_group, f"world {world} != groups {cfg.groups} x {ranks_per_group} ranks"
     group, rank = divmod(global_rank, ranks_per_group)
-    mesh = init_device_mesh(device.type, (cfg.groups, ranks_per_group), mesh_dim_names=("dp_replicate", "dp_shard"))
+    dims = parallel_dims(device, replicate=cfg.groups, shard=ranks_per_group)
     t_pg = time.time()
     sink = EventSink(cfg.events_dir, group, rank)
-    training = build_training(cfg, mesh, device, group, rank, ranks_per_group)
+    training = build_training(cfg, dims, device, group, rank, ranks_per_group)
     counter = StepCount()
     checkpointer = None
     t_ckpt0 = time.time()
@@ -73,21 +72,24 @@ def main() -> int:
             sink.emit(CheckpointEvent, action="loaded", step=found.step, seconds=seconds, path=str(found.path))
     t_ckpt = time.time()
     sink.emit(StartEvent, pid=os.getpid(), replica_id=f"classic-restart{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}",
-              ranks_per_group=ranks_per_group, device=str(device), flavor=cfg.flavor, parameters=training.parameters,
-              imports_s=t_imports - PROCESS_START, process_group_s=t_pg - t_imports, data_s=training.data_s,
-              model_s=training.model_s, checkpoint_s=t_ckpt - t_ckpt0, manager_s=0.0, resumed_step=counter.step)
+              ranks_per_group=ranks_per_group, device=str(device), **training.start_fields(cfg),
+              imports_s=t_imports - PROCESS_START, process_group_s=t_pg - t_imports,
+              checkpoint_s=t_ckpt - t_ckpt0, manager_s=0.0, resumed_step=counter.step)
     while counter.step < cfg.steps:
         start = time.perf_counter()
-        training.optimizer.zero_grad()
-        loss = training.forward_backward(counter.step)
-        training.optimizer.step()
-        training.scheduler.step()
+        training.optimizers.zero_grad()
+        share = training.plan.group_share(counter.step, group, group, cfg.groups)
+        # FSDP's own HSDP sums over every group: each rank divides by the whole global batch
+        loss = training.forward_backward(share, cfg.groups, training.plan.global_batch)
+        training.optimizers.step()
+        training.schedulers.step()
         counter.step += 1
         step_s = time.perf_counter() - start
-        sink.emit(StepEvent, step=counter.step, committed=True, loss=loss.item(),
-                  lr=training.optimizer.param_groups[0]["lr"], step_s=step_s, compute_s=step_s, allreduce_s=0.0,
-                  commit_s=0.0, quorum_id=0, participants=cfg.groups, participating=True, healed=False,
-                  batches_committed=counter.step * cfg.groups, batches_skipped=0)
+        sink.emit(StepEvent, step=counter.step, committed=True, data_step=counter.step - 1,
+                  sample_start=share.start, samples=len(share), tokens=len(share) * training.seq_len, loss=loss,
+                  lr=training.live.lr(), step_s=step_s, compute_s=step_s, allreduce_s=0.0, commit_s=0.0, quorum_id=0,
+                  participants=cfg.groups, participating=True, healed=False,
+                  batches_committed=counter.step * cfg.groups)
         if checkpointer and checkpointer.due(counter.step):
             for saved in checkpointer.save(counter.step)[1]:
                 sink.emit(CheckpointEvent, action="saved", step=saved.step, seconds=saved.seconds,

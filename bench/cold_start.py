@@ -30,7 +30,7 @@ SPLIT = ("imports_s", "process_group_s", "data_s", "model_s", "checkpoint_s", "m
 
 
 def trainer_args(args) -> list[str]:
-    return [f"--seq-len={args.seq_len}", f"--batch-size={args.batch_size}", "--fingerprint-every=5",
+    return [f"--seq-len={args.seq_len}", f"--local-batch-size={args.local_batch_size}", "--fingerprint-every=5",
             "--checkpoint-every=1000000"]
 
 
@@ -106,7 +106,7 @@ def spare_rebuilds(args) -> tuple[list[dict], float | None]:
 def summarize(args, rejoins: list[dict], rebuilds: list[dict], zygote_ready_s: float | None) -> None:
     done = [r for r in rejoins if r["status"] == "done"]
     print(f"\ncold starts, {args.groups} groups × {args.ranks_per_group} ranks, debugmodel, seq {args.seq_len}, "
-          f"batch {args.batch_size}/group, starts {'forked by a zygote' if args.zygote else 'cold (torchrun)'}; medians")
+          f"batch {args.local_batch_size}/rank, starts {'forked by a zygote' if args.zygote else 'cold (torchrun)'}; medians")
     print(f"  rejoin → healed commit             {spread([r['report']['rejoin_to_healed_commit_s'] for r in done])} s "
           f"({len(done)}/{len(rejoins)} drills done)")
     print(f"  fingerprints equal                 {sum(bool(r['report'].get('fingerprints_equal')) for r in done)}/{len(done)}")
@@ -126,7 +126,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--group", type=int, default=1, help="the group to kill")
     parser.add_argument("--seq-len", type=int, default=128)
-    parser.add_argument("--batch-size", type=int, default=4)
+    parser.add_argument("--local-batch-size", type=int, default=2, help="samples per rank per step")
     parser.add_argument("--heartbeat-timeout-ms", type=int, default=defaults.HEARTBEAT_TIMEOUT_MS)
     parser.add_argument("--settle-s", type=float, default=5.0, help="pause between drills")
     parser.add_argument("--no-zygote", dest="zygote", action="store_false", help="cold torchrun starts (the baseline)")

@@ -25,11 +25,12 @@ STOP_GRACE_S = 120.0
 """`ftctl up` stops agents (each its group), the control plane and the Lighthouse in turn."""
 
 
-def write_result(name: str, settings: dict, **payload) -> Path:
-    """``bench/results/{name}-{UTC time}.json`` with the settings, the core count and the date."""
+def write_result(name: str, settings: dict, path: Path | None = None, **payload) -> Path:
+    """``bench/results/{name}-{UTC time}.json`` with the settings, the core count and the date
+    (``path``: that file again, for a benchmark that writes what it has after each run)."""
     now = datetime.datetime.now(datetime.timezone.utc)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    out = RESULTS / f"{name}-{now:%Y%m%dT%H%M%SZ}.json"
+    out = path or RESULTS / f"{name}-{now:%Y%m%dT%H%M%SZ}.json"
     out.write_text(json.dumps({"settings": settings, "cores": os.cpu_count(), "date": now.isoformat(), **payload},
                               indent=1))
     return out
@@ -105,6 +106,10 @@ class Up:
     def wait_training(self, timeout_s: float = 300) -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                self.log.flush()
+                tail = (self.state_dir.parent / f"{self.state_dir.name}-ftctl.log").read_text(errors="replace")
+                raise RuntimeError(f"ftctl up exited with {self.proc.returncode}: {tail.strip().splitlines()[-1:]}")
             try:
                 if {g["state"] for g in self.api.get("/api/v1/groups").json()} == {"training"}:
                     return

@@ -45,7 +45,7 @@ def cells(groups: int, faults: list[str]) -> list[tuple[str, int | None]]:
 
 def run_groups(args, groups: int) -> list[dict]:
     state = Path(tempfile.mkdtemp(prefix=f"ftbench-faults-{groups}-")) / "state"
-    trainer_args = [f"--seq-len={args.seq_len}", f"--batch-size={args.batch_size}", "--fingerprint-every=5",
+    trainer_args = [f"--seq-len={args.seq_len}", f"--local-batch-size={args.local_batch_size}", "--fingerprint-every=5",
                     "--checkpoint-every=1000000"]
     up = Up(state, groups, args.ranks_per_group, trainer_args, **recovery_settings(args, groups))
     rows = []
@@ -93,7 +93,7 @@ def main() -> None:
     parser.add_argument("--faults", nargs="+", choices=FAULTS, default=list(FAULTS))
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seq-len", type=int, default=128)
-    parser.add_argument("--batch-size", type=int, default=4)
+    parser.add_argument("--local-batch-size", type=int, default=2, help="samples per rank per step")
     parser.add_argument("--settle-s", type=float, default=3.0, help="pause between drills")
     add_recovery_options(parser)
     args = parser.parse_args()

@@ -49,6 +49,7 @@ from fastapi import FastAPI, HTTPException
 from pydantic import BaseModel
 from websockets.asyncio.client import connect as ws_connect
 
+from bench.events import start_fields, step_fields
 from bench.common import TOKEN, write_result
 from bench.scale import (cpu_cores, cpu_seconds, fmt, ingest_lag, measure_each, page_seconds, series_count, summary,
                          timed_get)
@@ -102,12 +103,10 @@ class Load:
                 out.append(QuorumEvent(group=group, rank=0, ts=ts, eid=f"load-{group}-q{step}", quorum_id=quorum_id,
                                        previous_quorum_id=quorum_id - 1, step=step,
                                        participants=len(self.groups)).model_dump(mode="json"))
-            out.append(StepEvent(
-                group=group, rank=0, ts=ts, eid=f"load-{group}-s{step}", step=step, committed=True, loss=1.0 / step,
-                lr=1e-3, step_s=1 / self.steps_per_s, compute_s=0.8 / self.steps_per_s * random.uniform(0.95, 1.05),
-                allreduce_s=0.1 / self.steps_per_s, commit_s=0.001, quorum_id=quorum_id,
-                participants=len(self.groups), participating=True, healed=False, batches_committed=step,
-                batches_skipped=0).model_dump(mode="json"))
+            out.append(StepEvent(group=group, rank=0, ts=ts, eid=f"load-{group}-s{step}", **step_fields(
+                step, len(self.groups), loss=1.0 / step, step_s=1 / self.steps_per_s,
+                compute_s=0.8 / self.steps_per_s * random.uniform(0.95, 1.05), allreduce_s=0.1 / self.steps_per_s,
+                commit_s=0.001, quorum_id=quorum_id, batches_committed=step)).model_dump(mode="json"))
         return out
 
     @staticmethod
@@ -115,10 +114,8 @@ class Load:
         """What an agent's start of its group and the group's rank 0 say first."""
         return [e.model_dump(mode="json") for e in (
             ProcessEvent(group=group, ts=ts, eid=f"load-{group}-p", action="started", pid=os.getpid()),
-                StartEvent(group=group, rank=0, ts=ts, eid=f"load-{group}-start", pid=os.getpid(),
-                           replica_id=f"load_{group}:0", ranks_per_group=1, device="simulated", flavor="simulated",
-                           parameters=0, imports_s=0.0, process_group_s=0.0, data_s=0.0, model_s=0.0,
-                           checkpoint_s=0.0, manager_s=0.0, resumed_step=0))]
+                StartEvent(group=group, rank=0, ts=ts, eid=f"load-{group}-start", **start_fields(
+                    pid=os.getpid(), replica_id=f"load_{group}:0", device="simulated")))]
 
     async def _agent(self, group: int) -> None:
         async with httpx.AsyncClient(base_url=self.control_plane, timeout=30) as client:

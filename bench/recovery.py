@@ -87,13 +87,13 @@ def main() -> None:
     parser = job_parser(__doc__)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seq-len", type=int, default=128)
-    parser.add_argument("--batch-size", type=int, default=4)
+    parser.add_argument("--local-batch-size", type=int, default=2, help="samples per rank per step")
     parser.add_argument("--checkpoint-every", type=int, default=10, help="classic path: DCP checkpoint interval C")
     add_recovery_options(parser)
     parser.add_argument("--settle-s", type=float, default=8.0)
     parser.add_argument("--paths", default="torchft,classic", help="which paths to run (comma-separated)")
     args = parser.parse_args()
-    trainer_args = [f"--seq-len={args.seq_len}", f"--batch-size={args.batch_size}"]
+    trainer_args = [f"--seq-len={args.seq_len}", f"--local-batch-size={args.local_batch_size}"]
     paths = set(args.paths.split(","))
     ft = torchft_runs(args, [*trainer_args, "--checkpoint-every=1000000"]) if "torchft" in paths else []
     classic = classic_runs(args, trainer_args) if "classic" in paths else []
@@ -103,7 +103,7 @@ def main() -> None:
         return [r[key] for r in rows if r.get(key) is not None]
 
     print(f"\nrecovery, {args.groups} groups × {args.ranks_per_group} ranks, debugmodel, seq {args.seq_len}, "
-          f"batch {args.batch_size}/group, {describe_recovery(args)}; medians")
+          f"batch {args.local_batch_size}/rank, {describe_recovery(args)}; medians")
     print(f"{'':38} {'this service':>34} {'classic (torchrun restart)':>34}")
     print(f"{'kill → survivors commit again (s)':38} {spread(col(ft, 'survivors_resume_s')):>34} {'(all ranks restart)':>34}")
     print(f"{'rejoin → healed commit (s)':38} {spread(col(ft, 'rejoin_to_healed_commit_s')):>34} {'-':>34}")

@@ -58,6 +58,7 @@ from protocol.torchrun import free_port
 from service.agent.forwarder import EventForwarder
 from service.agent.probe import probe as probe_peers
 from service.proctree import end_tree
+from bench.events import start_fields, step_fields
 from trainer.telemetry import EventSink
 
 log = logging.getLogger("simulated")
@@ -194,9 +195,8 @@ class SimGroup:
 
     def _run(self, replica_id: str, stop: threading.Event) -> None:
         sink = EventSink(self.cfg.events_dir, self.group, 0)
-        sink.emit(StartEvent, pid=os.getpid(), replica_id=replica_id, ranks_per_group=1, device="simulated",
-                  flavor="simulated", parameters=0, imports_s=0.0, process_group_s=0.0, data_s=0.0, model_s=0.0,
-                  checkpoint_s=0.0, manager_s=0.0, resumed_step=0)
+        sink.emit(StartEvent, **start_fields(pid=os.getpid(), replica_id=replica_id, device="simulated",
+                                             config="simulated", model="simulated"))
         previous = -1
         while not stop.is_set():
             began = time.monotonic()
@@ -232,10 +232,10 @@ class SimGroup:
                 break
             self.step += 1
             self.recorder.stepped()
-            sink.emit(StepEvent, step=self.step, committed=True, loss=1.0 / self.step, lr=1e-3,
-                      step_s=time.monotonic() - began, compute_s=self.cfg.step_s, allreduce_s=waited,
-                      commit_s=0.0, quorum_id=quorum_id, participants=len(members), participating=not healed,
-                      healed=healed, batches_committed=self.step, batches_skipped=0)
+            sink.emit(StepEvent, **step_fields(
+                self.step, len(members), loss=1.0 / self.step, step_s=time.monotonic() - began,
+                compute_s=self.cfg.step_s, allreduce_s=waited, commit_s=0.0, quorum_id=quorum_id,
+                participating=not healed, healed=healed, batches_committed=self.step))
         if self.last_exit is not None and self.last_exit.kind == "stopped":
             sink.emit(ExitEvent, reason="stopped", step=self.step)
         sink.close()

@@ -105,6 +105,13 @@ def panels() -> list:
         .with_target(query("A", f"ftctl_gradient_norm{{{G}}}", "norm g{{group}}"))
         .with_target(query("B", f"sum by (group, verdict) (increase(ftctl_sdc_incidents_total{{{G}}}[10m]))",
                            "{{verdict}} g{{group}}")).min(0),
+        place(timeseries.Panel(), 17, 0, 50, 24, 6, "Data: samples trained",
+              "Samples of the job's global order the committed steps trained, per second (the job's goodput in "
+              "samples; × the sequence length: tokens), and those skipped (a missing group's share with "
+              "--batch-policy shrink) or trained twice (never, unless something is wrong), 10-minute increase.")
+        .with_target(query("A", 'rate(ftctl_samples_total{outcome="trained_once"}[1m])', "trained per second"))
+        .with_target(query("B", 'increase(ftctl_samples_total{outcome=~"skipped|trained_twice"}[10m])',
+                           "{{outcome}}")).min(0),
     ]
 
 

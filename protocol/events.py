@@ -93,11 +93,20 @@ class StartEvent(BaseEvent):
     replica_id: str = Field(description="torchft replica id of this start (name:uuid on rank 0)")
     ranks_per_group: Count
     device: str
-    flavor: str
+    config: str = Field(description="the torchtitan config-registry entry the job trains (--config)")
+    model: str = Field(description="the model it builds: torchtitan's name and flavor")
+    dtype: Literal["bf16", "fp32"] = Field(description="compute precision (FSDP2 mixed precision)")
+    tokenizer: str = Field(description="the tokenizer: its folder, or 'bytes'")
+    dataset: str = Field(description="the dataset (--dataset), or the standard library's sources")
+    dataset_samples: Count = Field(description="samples in one epoch of the tokenized dataset")
+    seq_len: Count
+    local_batch_size: Count = Field(description="samples a rank computes at once (a microbatch)")
+    global_batch_size: Count = Field(description="samples a committed step trains over every group")
+    batch_policy: Literal["constant", "shrink"]
     parameters: Count = Field(description="model parameters (whole model, not the local shard)")
     imports_s: Seconds = Field(description="process start until torch and torchft are imported")
     process_group_s: Seconds = Field(description="intra-group process group and device mesh")
-    data_s: Seconds = Field(description="reading the corpus")
+    data_s: Seconds = Field(description="opening the tokenized dataset (tokenizing it, the first time)")
     model_s: Seconds = Field(description="model build, FSDP sharding, optimizer state")
     checkpoint_s: Seconds = Field(description="looking for and loading a checkpoint")
     manager_s: Seconds = Field(description="torchft Manager and replicate process group")
@@ -113,7 +122,20 @@ class StepEvent(BaseEvent):
     type: Literal["step"] = "step"
     step: Count = Field(description="manager step after this step (the step count committed)")
     committed: bool
-    loss: float | None = Field(description="null when not finite: the training diverged")
+    data_step: Count = Field(description="the data position the step trained: its global batch is the samples "
+                             "[data_step × global_batch, (data_step + 1) × global_batch) of the job's order")
+    global_batch: Count = Field(description="samples in the step's global batch (--global-batch-size)")
+    step_samples: Count = Field(description="samples of the global batch the step trained over every group: all of "
+                                "it with --batch-policy constant, the participants' shares with shrink; 0 when the "
+                                "optimizer did not step")
+    consumed: bool = Field(description="the step used up its global batch: trained it, or the gradient check blamed "
+                           "the batch itself; false when the same batch is trained again next step")
+    sample_start: Count = Field(description="the first global sample this group trained at the step")
+    samples: Count = Field(description="how many samples (from sample_start) this group trained: 0 when it did "
+                           "not take part (healing, a spare)")
+    tokens: Count = Field(description="tokens of this group's samples")
+    loss: float | None = Field(description="this rank's mean token loss; null when it trained no sample, or when "
+                               "not finite: the training diverged")
     lr: float
     step_s: Seconds = Field(description="wall time of the whole step")
     compute_s: Seconds = Field(description="forward, backward and optimizer, minus the waits")
@@ -125,9 +147,6 @@ class StepEvent(BaseEvent):
     participating: bool
     healed: bool = Field(description="this step loaded state fetched from a peer")
     batches_committed: Count = Field(description="torchft's count of replica-batches committed")
-    batches_skipped: Count = Field(
-        description="rank-batches never trained: their group was not participating, or the step was skipped"
-    )
     grad_norm: float | None = Field(
         None, description="this group's own gradient norm before it crossed groups (the gradient check; null "
         "when the check is off or the norm was not finite)")

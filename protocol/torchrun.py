@@ -58,4 +58,7 @@ def torchrun_env(base: dict[str, str] | None = None) -> dict[str, str]:
     env = without_tokens(dict(os.environ if base is None else base))
     env.setdefault("OMP_NUM_THREADS", "1")  # the group's ranks share the machine's cores
     env.setdefault("RUST_LOG", "warn")  # torchft's Rust manager logs every quorum at INFO
+    # pyarrow (torchtitan's config registries import it through Hugging Face datasets) starts a
+    # jemalloc background thread at import, and a zygote with a second thread must not fork
+    env.setdefault("JE_ARROW_MALLOC_CONF", "background_thread:false")
     return env

@@ -175,7 +175,14 @@ def cmd_up(cfg: UpSettings) -> int:
         error(str(err))
         return 1
     try:
-        return _run_job(cfg, LocalJob(cfg, token))
+        job = LocalJob(cfg, token)
+        try:
+            with console.status("checking the job (its config, tokenizer and data) before starting anything…"):
+                job.check(lambda line: console.print(line, markup=False, highlight=False))
+        except StartupError as err:
+            error(str(err))
+            return 2
+        return _run_job(cfg, job)
     finally:
         lock.release()
 
@@ -208,7 +215,7 @@ def _run_job(cfg: UpSettings, job: LocalJob) -> int:
                     console.print(f"[yellow]{name} had exited; restarted it[/]")
                 try:
                     quorum = conn.call("GET", "/api/v1/quorum")
-                    live.update(cluster_view(quorum, header))
+                    live.update(cluster_view(quorum, header, conn.call("GET", "/api/v1/data")))
                     if all(g["down_reason"] == "finished" for g in quorum["groups"]):
                         console.print(f"all groups finished {cfg.steps} steps")
                         break
@@ -227,11 +234,12 @@ def _run_job(cfg: UpSettings, job: LocalJob) -> int:
 
 
 def cmd_status(cmd: StatusCommand) -> int:
-    quorum = cmd.connection().call("GET", "/api/v1/quorum")
+    conn = cmd.connection()
+    quorum, data = conn.call("GET", "/api/v1/quorum"), conn.call("GET", "/api/v1/data")
     if cmd.as_json:
-        print(json.dumps(quorum, indent=2))
+        print(json.dumps({**quorum, "data": data}, indent=2))
     else:
-        console.print(cluster_view(quorum))
+        console.print(cluster_view(quorum, data=data))
     return 0
 
 

@@ -19,21 +19,23 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Callable, Literal
 
 import httpx
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from protocol import defaults
+from protocol.job import JobSettings
 from protocol.agent import HEALTH_PATH as AGENT_HEALTH_PATH
 from protocol.registration import AGENTS_PATH, AgentList
 from protocol.lifetime import die_with_parent
 from protocol.lighthouse import HEALTH_PATH as LIGHTHOUSE_HEALTH_PATH
 from protocol.tokens import TOKEN_VARIABLES, group_token
-from protocol.torchrun import free_port
+from protocol.torchrun import free_port, torchrun_env
 from service.client import DEFAULT_STATE_DIR, Connection
 from service.proctree import REAPED_S, end_tree, wait_gone
 
@@ -67,8 +69,8 @@ class StateLock:
         os.close(self._fd)
 
 
-class UpSettings(BaseModel):
-    """Start the Lighthouse, the control plane and N replica groups, and watch them."""
+class UpSettings(JobSettings):
+    """Start the Lighthouse, the control plane and N replica groups, and watch them (the job checked first)."""
 
     groups: int = Field(2, ge=1, description="replica groups N")
     ranks_per_group: int = Field(defaults.RANKS_PER_GROUP, ge=1, description="ranks per group K")
@@ -95,9 +97,8 @@ class UpSettings(BaseModel):
                                     "median, and waiting least, is a straggler")
     sdc_check: bool = Field(True, description="check every group's gradient norm before gradients cross groups "
                             "(--no-sdc-check: average at once, as plain HSDP does)")
-    max_norm: float = Field(0.0, ge=0, description="clip gradients to this global norm (0: no clipping)")
     trainer_arg: list[str] = Field(default_factory=list, description="extra trainer flag, repeatable: "
-                                   "--trainer-arg=--seq-len=64")
+                                   "--trainer-arg=--fingerprint-every=5 (python -m trainer --help lists them)")
     refresh: float = Field(1.0, gt=0, description="seconds between live-view refreshes")
     startup_timeout_s: float = Field(60.0, gt=0, description="a service that does not answer within this failed to start")
     stop_timeout_s: float = Field(40.0, gt=0, description="on Ctrl-C, each service gets this long to stop its "
@@ -218,6 +219,31 @@ class LocalJob:
         raise StartupError(f"the agents of groups {sorted(missing)} did not register with the control plane within "
                            f"{self.cfg.startup_timeout_s:.0f}s (logs: {self.cfg.state_dir / 'logs'})")
 
+    def trainer_args(self) -> list[str]:
+        """Every group's trainer flags: the job's, then the service's, then ``--trainer-arg``."""
+        cfg = self.cfg
+        return [*cfg.trainer_args(), "--steps", str(cfg.steps), "--checkpoint-dir", str(cfg.state_dir / "checkpoints"),
+                *([] if cfg.sdc_check else ["--no-sdc-check"]), *cfg.trainer_arg]
+
+    def check(self, show: Callable[[str], None]) -> None:
+        """The trainer's own check of the whole job (``python -m trainer --check``), in a process of
+        its own, before anything starts; it tokenizes the dataset into its cache, its progress
+        lines passed to ``show``. A job that would not start raises StartupError with the
+        trainer's one line."""
+        argv = [sys.executable, "-m", "trainer", "--check", "--groups", str(self.cfg.groups),
+                "--ranks-per-group", str(self.cfg.ranks_per_group), *self.trainer_args()]
+        with tempfile.TemporaryFile("w+") as stderr:  # a file: no pipe fills while stdout is read
+            with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=stderr, text=True, env=torchrun_env(),
+                                  preexec_fn=die_with_parent) as proc:
+                for line in proc.stdout:
+                    show(line.rstrip())
+            stderr.seek(0)
+            errors = stderr.read()
+        if proc.returncode != 0:
+            said = [ln.split("error: ", 1)[1] for ln in errors.splitlines() if "error: " in ln]
+            raise StartupError(said[-1] if said else f"the trainer's check exited with {proc.returncode}: "
+                               + (errors.strip().splitlines() or ["(no output)"])[-1])
+
     def start(self) -> None:
         cfg, py = self.cfg, sys.executable
         lighthouse = self._spawn("lighthouse", [
@@ -235,9 +261,7 @@ class LocalJob:
             "--straggler-factor", str(cfg.straggler_factor)])
         self._wait_http(control, f"{cfg.api}/healthz")
 
-        trainer_args = ["--steps", str(cfg.steps), "--checkpoint-dir", str(cfg.state_dir / "checkpoints"),
-                        *([] if cfg.sdc_check else ["--no-sdc-check"]),
-                        *(["--max-norm", str(cfg.max_norm)] if cfg.max_norm else []), *cfg.trainer_arg]
+        trainer_args = self.trainer_args()
         for g in range(cfg.groups):
             argv = [py, "-m", "service.agent", "--group", str(g), "--groups", str(cfg.groups),
                     "--ranks-per-group", str(cfg.ranks_per_group), "--lighthouse", self.lighthouse_url,

@@ -51,7 +51,27 @@ def groups_table(groups: list[dict]) -> Table:
     return table
 
 
-def cluster_view(quorum: dict, header: str = "") -> Panel:
+def why_down(groups: list[dict]) -> list[Text]:
+    """A line for each down group its agent said why of (a crash's last error line)."""
+    return [Text(f"group {g['group']} {g['down_reason']}: {g['down_detail']}", style="red")
+            for g in groups if g.get("down_detail")]
+
+
+def data_line(data: dict | None) -> Text | None:
+    """The job's data and what its committed steps trained of it (``GET /api/v1/data``)."""
+    if not data or not data.get("job"):
+        return None
+    job = data["job"]
+    epochs = f", {data['epochs']:.3g} epochs" if data.get("epochs") is not None else ""
+    line = Text(f"{job['config']} ({job['dtype']}) on {job['dataset']}: batch {job['global_batch_size']} × "
+                f"{job['seq_len']} tokens, {job['batch_policy']}  ·  samples {data['samples_planned']:,}{epochs}: ")
+    line.append(f"{data['trained_once']:,} once", style="green")
+    line.append(f", {data['trained_twice']:,} twice", style="bold red" if data["trained_twice"] else "")
+    line.append(f", {data['skipped']:,} skipped", style="yellow" if data["skipped"] else "")
+    return line
+
+
+def cluster_view(quorum: dict, header: str = "", data: dict | None = None) -> Panel:
     if quorum.get("lighthouse_reachable"):
         beating = quorum.get("heartbeating")
         top = (f"quorum [bold]{quorum['quorum_id']}[/]  ·  members "
@@ -60,7 +80,9 @@ def cluster_view(quorum: dict, header: str = "") -> Panel:
     else:
         top = f"[red]Lighthouse unreachable:[/] {escape(str(quorum.get('lighthouse_error')))}"
     parts = [Text.from_markup(header)] if header else []
-    return Panel(Group(*parts, Text.from_markup(top), groups_table(quorum["groups"])),
+    data_text = data_line(data)
+    return Panel(Group(*parts, Text.from_markup(top), *([data_text] if data_text else []), groups_table(quorum["groups"]),
+                       *why_down(quorum["groups"])),
                  title="ftctl · elastic HSDP on torchft", border_style="blue")
 
 
@@ -186,7 +208,7 @@ def straggler_table(drill: dict) -> Table:
     steps = r.get("median_step_s") or {}
     for when in ("before", "during", "after"):
         rate, step = rates.get(when), steps.get(when)
-        table.add_row(f"throughput {when}", (f"{rate:.2f} replica-batches/s" if rate is not None else "-")
+        table.add_row(f"throughput {when}", (f"{rate:.2f} samples/s" if rate is not None else "-")
                       + (f" · {step:.2f} s/step" if step is not None else ""))
     return add_error(table, drill)
 
@@ -230,7 +252,7 @@ def chaos_table(drill: dict) -> Table:
     r = drill["report"]
     table = report_table(f"drill {drill['id']} · chaos · mtbf {r['mtbf_s']:g}s · {r['duration_s']:g}s · seed {r['seed']} · "
                          f"{drill['status']}")
-    rate = lambda v: f"{v:.2f} replica-batches/s" if v is not None else "-"  # noqa: E731
+    rate = lambda v: f"{v:.2f} samples/s" if v is not None else "-"  # noqa: E731
     table.add_row("failure-free rate", rate(r.get("baseline_rate")))
     table.add_row("rate under chaos", rate(r.get("chaos_rate")))
     table.add_row("goodput", f"{100 * r['goodput']:.1f}%" if r.get("goodput") is not None else "-")

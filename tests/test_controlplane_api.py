@@ -14,6 +14,7 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench.events import start_fields, step_fields
 from protocol.events import parse_event
 from protocol.registration import agent_path
 from protocol.tokens import group_token
@@ -77,15 +78,12 @@ def trainer_event(kind: str, group: int, ts: float, rank: int = 0, **fields) -> 
 
 def step(group: int, ts: float, n: int, committed: bool = True, participating: bool = True, rank: int = 0,
          participants: int = 2) -> dict:
-    return trainer_event("step", group, ts, rank, step=n, committed=committed, loss=3.0, lr=1e-3, step_s=0.5,
-                         compute_s=0.4, allreduce_s=0.05, commit_s=0.05, quorum_id=1, participants=participants,
-                         participating=participating, healed=False, batches_committed=n, batches_skipped=0)
+    return trainer_event("step", group, ts, rank, **step_fields(
+        n, participants, committed=committed, loss=3.0, step_s=0.5, compute_s=0.4, participating=participating))
 
 
 def start(group: int, ts: float) -> dict:
-    return trainer_event("start", group, ts, pid=1, replica_id=f"group{group}:x", ranks_per_group=2, device="cpu",
-                         flavor="debugmodel", parameters=5, imports_s=1, process_group_s=1, data_s=1, model_s=1,
-                         checkpoint_s=0, manager_s=1, resumed_step=0)
+    return trainer_event("start", group, ts, **start_fields(replica_id=f"group{group}:x", ranks_per_group=2))
 
 
 def heal(group: int, ts: float, at: int) -> dict:
@@ -189,7 +187,7 @@ def test_weak_or_known_tokens_are_refused_by_every_service(db):
 def test_reads_without_the_token_never_show_what_torchfts_kill_paths_need(api):
     ingest(api, 0, [start(0, T0)])
     anonymous = api.get("/api/v1/events", params={"type": "start"}).json()["events"][0]
-    assert anonymous["replica_id"] is None and anonymous["flavor"] == "debugmodel"
+    assert anonymous["replica_id"] is None and anonymous["config"] == "llama3_debugmodel_bytes"
     assert api.get("/api/v1/events", params={"type": "start"}, headers=AUTH).json()["events"][0]["replica_id"] == "group0:x"
 
 

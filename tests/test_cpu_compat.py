@@ -35,12 +35,12 @@ def test_sdpa_backend_is_still_rejected_and_our_config_trains_on_cpu():
     with pytest.raises(ValueError, match="sdpa"):
         get_attention_config("sdpa")  # if this passes, use attn_backend="sdpa" instead of use_sdpa_attention
 
-    from trainer.model import model_config
+    from trainer.configs import llama3_debugmodel_bytes
+    from trainer.cpu_compat import use_sdpa_attention
 
     torch.manual_seed(0)
-    config = model_config("debugmodel")
-    model = config.build()
-    model.init_states()
+    model = use_sdpa_attention(llama3_debugmodel_bytes().model_spec.model).build()
+    model.init_weights()
     tokens = torch.randint(0, 256, (2, 32))
     loss = model(tokens).float().logsumexp(-1).mean()
     loss.backward()
@@ -53,10 +53,18 @@ def test_the_model_code_still_compiles_while_it_is_imported_and_we_defer_it():
     plain = _python(stub + "import sys, torchtitan.models.llama3; print('torch._inductor.compile_fx' in sys.modules)")
     assert plain.stdout.split() == ["True"], (
         plain.stderr or "torchtitan's import no longer compiles anything: remove trainer.lean_import.compile_on_first_call")
-    lean = _python("import sys; from trainer.lean_import import import_llama3; import_llama3(); "
+    lean = _python("import sys; from trainer.lean_import import import_quietly; import_quietly('torchtitan.models.llama3'); "
                    "from torchtitan.models.common.attention import FlexAttention; "
                    "print('torch._inductor.compile_fx' in sys.modules, type(FlexAttention._compiled_flex_attn).__name__)")
     assert lean.stdout.split() == ["False", "CompileOnFirstCall"], lean.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="an accelerator is there: torchtitan picks it")
+def test_torchtitan_still_builds_its_meshes_for_cuda_on_a_machine_without_one():
+    result = _python("from trainer.cpu_compat import install_triton_kernel_stub as s; s(); "
+                     "import torchtitan.distributed.parallel_dims as p; print(p.device_type)")
+    assert result.stdout.split() == ["cuda"], (
+        result.stderr or "torchtitan now picks the CPU by itself: remove trainer.cpu_compat.use_device_type")
 
 
 def test_a_deferred_compile_compiles_on_its_first_call_and_computes_the_same():

@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from cluster import wait_for
-from up_job import agent_auth, all_training, ftctl, ftctl_up, groups, json_out, metric
+from up_job import agent_auth, all_training, assert_each_sample_once, ftctl, ftctl_up, groups, json_out, metric
 
 REJOIN_DELAY_S = 120  # the chaos drill's own rejoin: far later than any agent restart
 
@@ -89,6 +89,7 @@ def test_hang_drill_of_a_rank_stuck_in_its_step_reports_the_watchdog_and_equal_s
     assert "1 in compute at step" in r["verdict"] and r["fault_to_end_s"] < 5
     assert r["survivors_resume_s"] < 8, "the survivor waited for the collective timeout"
     assert r["killed_at"] < r["ended_at"] <= r["rejoined_at"] <= r["healed_commit_at"]
+    assert_each_sample_once(job.api)
 
 
 def test_lighthouse_drill_pauses_every_group_and_restarts_none(job):
@@ -110,6 +111,9 @@ def test_lighthouse_drill_pauses_every_group_and_restarts_none(job):
     metrics = job.api.get("/metrics").text
     assert 'ftctl_fault_resume_seconds{fault="lighthouse"} ' in metrics
     assert 'ftctl_drills_total{kind="lighthouse",status="done"} 1.0' in metrics
+    data = assert_each_sample_once(job.api)
+    assert 'ftctl_samples_total{outcome="trained_twice"} 0.0' in metrics
+    assert f'ftctl_samples_total{{outcome="skipped"}} {float(data["skipped"])}' in metrics
 
 
 def steps_at(job, group: int, step: int) -> list[dict]:

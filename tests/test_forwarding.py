@@ -19,6 +19,7 @@ import pytest
 
 from cluster import REPO, wait_for
 from processes import Owner
+from bench.events import step_fields
 from protocol.events import EventIds, StepEvent, events_file_name
 from protocol.files import read_model, write_model
 from protocol.torchrun import free_port
@@ -87,10 +88,8 @@ class Rank:
     def steps(self, *numbers: int) -> None:
         with open(self.path, "a") as out:
             for n in numbers:
-                out.write(StepEvent(ts=time.time(), group=0, rank=0, eid=self.ids.next(), step=n, committed=True,
-                                    loss=2.0, lr=1e-3, step_s=0.3, compute_s=0.2, allreduce_s=0.05, commit_s=0.05,
-                                    quorum_id=1, participants=1, participating=True, healed=False,
-                                    batches_committed=n, batches_skipped=0).model_dump_json() + "\n")
+                out.write(StepEvent(ts=time.time(), group=0, rank=0, eid=self.ids.next(), **step_fields(n))
+                          .model_dump_json() + "\n")
 
 
 @contextmanager

@@ -14,7 +14,7 @@ from protocol.files import write_model
 from protocol.injection import Injection
 from protocol.quarantine import Quarantine, quarantine_file, take_quarantine
 from trainer.gradient_check import attribute, checkers, filled_slots, group_norm, judge, shard_norm
-from trainer.injection import InjectedFaults
+from trainer.hooks import DrillHooks
 
 FACTOR = 10.0
 
@@ -82,7 +82,7 @@ def test_group_norm_reduces_inside_a_one_rank_group(gloo_group):
 
 
 def test_an_injected_corruption_scales_the_largest_element_once(tmp_path):
-    faults = InjectedFaults(tmp_path, 0)
+    faults = DrillHooks(tmp_path, 0)
     try:
         faults._corrupt = Injection(id=1, kind="corrupt", rank=0, pids=[os.getpid()], seconds=60, scale=1e4)
         gradient = torch.tensor([0.1, -0.5, 0.2])

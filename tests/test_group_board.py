@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from bench.events import step_fields
 from protocol.events import ProcessEvent, StepEvent
 from service.controlplane.db import Store
 from service.controlplane.groups import GroupBoard
@@ -12,9 +13,7 @@ its restart's ``started`` reached the control plane before the agent answered th
 
 
 def step(ts: float, step_: int) -> StepEvent:
-    return StepEvent(ts=ts, group=0, rank=0, step=step_, committed=True, loss=2.0, lr=1e-3, step_s=0.3,
-                     compute_s=0.2, allreduce_s=0.05, commit_s=0.05, quorum_id=3, participants=3,
-                     participating=True, healed=False, batches_committed=3 * step_, batches_skipped=0)
+    return StepEvent(ts=ts, group=0, rank=0, **step_fields(step_, 3, quorum_id=3))
 
 
 def test_a_forced_kill_answered_after_the_agents_own_restart_does_not_hide_it(tmp_path):

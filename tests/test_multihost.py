@@ -25,7 +25,7 @@ from protocol.network import is_loopback, resolve
 
 STEPS = 12
 JOB_TOKEN = "multihost-token-0123456789abcdef"
-SMALL = ["--ranks-per-group", "1", "--seq-len", "64", "--batch-size", "2", "--log-every", "5", "--fingerprint-every", "1"]
+SMALL = ["--ranks-per-group", "1", "--seq-len", "64", "--local-batch-size", "2", "--log-every", "5", "--fingerprint-every", "1"]
 
 
 @dataclass

@@ -27,8 +27,8 @@ from processes import Owner
 from protocol.tokens import TOKEN_VARIABLES, group_token
 from protocol.torchrun import free_port
 from service.proctree import process_tree
-from up_job import (AUTH, TOKEN, UpJob, all_training, all_training_again, ftctl, ftctl_up, groups, job_snapshot,
-                    json_out)
+from up_job import (AUTH, TOKEN, UpJob, all_training, all_training_again, assert_each_sample_once, ftctl, ftctl_up,
+                    groups, job_snapshot, json_out)
 
 ARTIFACTS = REPO / "test-artifacts"
 
@@ -121,6 +121,8 @@ def test_kill_heal_drill_from_the_cli_reports_equal_state(live, kill_heal_drill)
     assert len({d for ranks in r["fingerprints"].values() for d in ranks.values()}) == 2  # one digest per rank
     status = json_out(ftctl(live.state, "status", "--json"))
     assert status["quorum_id"] >= 1
+    assert status["data"]["trained_twice"] == 0 and status["data"]["samples_planned"] > 0, status["data"]
+    assert_each_sample_once(live.api)
     hung = live.api.get("/api/v1/events", params={"type": "process", "limit": 1000}).json()["events"]
     assert not [e for e in hung if e["action"] == "hung"], "the watchdog took a checkpoint, heal or promotion for a hang"
     projected = live.api.get("/api/v1/goodput").json()  # the ledger projects the drill's recovery

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from bench.events import step_fields
 from protocol.events import ProcessEvent, StepEvent, StragglerEvent
 from service.controlplane.stragglers import StepSample, StragglerTracker, eviction_pays, judge
 
@@ -11,10 +12,8 @@ T0 = 1_800_000_000.0
 
 
 def step(group: int, n: int, compute_s: float, allreduce_s: float, **fields) -> StepEvent:
-    return StepEvent(group=group, rank=0, ts=T0 + n, step=n, committed=True, loss=2.0, lr=1e-3,
-                     step_s=compute_s + allreduce_s, compute_s=compute_s, allreduce_s=allreduce_s, commit_s=0.01,
-                     quorum_id=1, participants=3, participating=True, healed=False, batches_committed=3 * n,
-                     batches_skipped=0, **fields)
+    return StepEvent(group=group, rank=0, ts=T0 + n, **step_fields(
+        n, 3, step_s=compute_s + allreduce_s, compute_s=compute_s, allreduce_s=allreduce_s, commit_s=0.01, **fields))
 
 
 def window(pairs: list[tuple[float, float]], first: int = 1) -> list[StepSample]:

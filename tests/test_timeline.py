@@ -173,7 +173,7 @@ def test_a_recorded_chaos_drill_replays_to_its_kills():
     """The chaos drill's observer: one timeline per kill, each closed once healed and rejoined."""
     rec = recording("chaos_two_groups")
     kills = rec["drill"]["report"]["kills"]
-    assert len(kills) == 2
+    assert len(kills) >= 2
     events = events_of(rec)
     for kill in kills:
         t = begin(rec, kill["group"], kill["killed_at"])

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import re
 import statistics
 import time
 from pathlib import Path
 
 from cluster import committed_steps, kill_together, read_events, wait_for
+from protocol.events import parse_event
+from service.controlplane.coverage import CoverageLedger
+from service.controlplane.db import Store
 
-SMALL = ["--ranks-per-group", "2", "--seq-len", "64", "--batch-size", "2", "--log-every", "5",
+SMALL = ["--ranks-per-group", "2", "--seq-len", "64", "--local-batch-size", "1", "--log-every", "5",
          "--fingerprint-every", "1"]
 
 
@@ -24,14 +28,15 @@ def fingerprints(events: list[dict], group: int) -> dict[tuple[int, int], str]:
 
 
 def test_one_group_loss_goes_down_on_the_real_corpus(lighthouse, groups, tmp_path):
-    g0 = groups(0, job_args(lighthouse, tmp_path, 1, 40, "--batch-size", "4")).start()
+    g0 = groups(0, job_args(lighthouse, tmp_path, 1, 40, "--local-batch-size", "2")).start()
     assert g0.proc.wait(timeout=300) == 0, g0.output()
     losses = [e["loss"] for e in committed_steps(read_events(tmp_path / "events"), 0)]
     assert len(losses) == 40
     first, last = statistics.mean(losses[:5]), statistics.mean(losses[-5:])
     assert last < first - 1.0, (first, last)
     start = next(e for e in read_events(tmp_path / "events") if e["type"] == "start")
-    assert start["flavor"] == "debugmodel" and start["parameters"] > 1_000_000
+    assert (start["config"], start["model"], start["dtype"]) == ("llama3_debugmodel_bytes", "llama3 debugmodel", "fp32")
+    assert start["parameters"] > 1_000_000 and start["global_batch_size"] == 4
     exits = [e for e in read_events(tmp_path / "events") if e["type"] == "exit"]
     assert [e["reason"] for e in exits] == ["done", "done"]
 
@@ -84,8 +89,42 @@ def test_kill_a_group_survivor_keeps_training_and_relaunch_heals_bitwise(lightho
     mismatched = [k for k in shared if fp0[k] != fp1[k]]
     assert not mismatched, f"fingerprints differ at (step, rank) {mismatched[:5]}"
     assert (first_healed_step, 0) in fp1, "no fingerprint at the rejoined group's first committed step"
-    last = [e for e in events if e["type"] == "step" and e["group"] == 0 and e["rank"] == 0][-1]
-    assert last["batches_skipped"] > 0, "steps group 1 missed were not counted as skipped batches"
+    alone = [e for e in committed_steps(events, 0, since=killed_at) if e["participants"] == 1]
+    assert alone and all(e["samples"] == e["global_batch"] == 4 for e in alone), \
+        "alone, the survivor trains the whole global batch (two microbatches a rank)"
+    planned, once, twice, skipped = coverage(events, tmp_path)
+    assert (once, twice, skipped) == (planned, 0, 0) and planned >= 4 * 15, "every sample trained once"
+
+
+def coverage(events: list[dict], tmp_path: Path):
+    """The control plane's coverage ledger fed every step event the ranks wrote."""
+    ledger = CoverageLedger(Store(tmp_path / "coverage.db"))
+    with ledger.store.transaction():
+        for e in sorted((e for e in events if e["type"] == "step"), key=lambda e: e["ts"]):
+            ledger.observe(parse_event(json.dumps(e)))
+    return ledger.totals()
+
+
+def test_shrink_skips_exactly_the_share_of_a_missing_group(lighthouse, groups, tmp_path):
+    """--batch-policy shrink: each group trains its own half; while group 1 is down its half of
+    every step is skipped, and the coverage counts exactly those samples."""
+    events_dir = tmp_path / "events"
+    args = job_args(lighthouse, tmp_path, 2, 10_000, "--batch-policy", "shrink", "--ranks-per-group", "1",
+                    "--local-batch-size", "2")
+    g0, g1 = groups(0, args).start(), groups(1, args).start()
+    wait_for(lambda: all(len([e for e in committed_steps(read_events(events_dir), g) if e["participants"] == 2]) >= 3
+                         for g in (0, 1)), 240, "both groups to commit 3 steps together")
+    killed_at = g1.kill()
+    wait_for(lambda: len(committed_steps(read_events(events_dir, 0), 0, since=killed_at)) >= 4, 60,
+             "group 0 to commit alone")
+    g0.stop()
+    events = read_events(events_dir)
+    alone = [e for e in committed_steps(events, 0, since=killed_at) if e["participants"] == 1]
+    assert alone and all(e["samples"] == e["step_samples"] == 2 for e in alone), "its own half, no more"
+    steps = {e["step"]: e for g in (0, 1) for e in committed_steps(events, g) if e["consumed"]}
+    halves = [step for step, e in steps.items() if e["step_samples"] == 2]  # the first group up was alone too
+    planned, once, twice, skipped = coverage(events, tmp_path)
+    assert (twice, skipped) == (0, 2 * len(halves)) and once == planned - skipped
 
 
 def test_all_groups_restart_from_newest_complete_checkpoint(lighthouse, groups, tmp_path):

@@ -1,62 +1,24 @@
-"""The trainer's pure parts: data order, corpus reading, settings, the event sink."""
+"""The trainer's settings, its one-line errors, the event sink and the quorum-id decisions."""
 
 from __future__ import annotations
 
-import itertools
-import json
 import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-import torch
 
+from bench.events import step_fields
 from protocol.events import StepEvent, parse_event
-from trainer.corpus import read_corpus
-from trainer.data import BatchPlan, TokenBatches
-from trainer.errors import ConfigError
 from trainer.telemetry import EventSink
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def test_no_two_group_rank_step_share_a_sample_and_batches_are_reproducible():
-    corpus = read_corpus(None, 1 << 20)
-    plan = BatchPlan(len(corpus), seq_len=64, groups=3, ranks_per_group=2, per_rank_batch=2, seed=7)
-    seen: dict[int, tuple] = {}
-    for step, group, rank in itertools.product(range(40), range(3), range(2)):
-        for window in plan.window_indices(step, group, rank):
-            assert window not in seen, f"{(step, group, rank)} repeats the sample of {seen[window]}"
-            seen[window] = (step, group, rank)
-    again = TokenBatches(read_corpus(None, 1 << 20), BatchPlan(len(corpus), 64, 3, 2, 2, 7))
-    first = TokenBatches(corpus, plan).batch(11, 2, 1, torch.device("cpu"))
-    second = again.batch(11, 2, 1, torch.device("cpu"))
-    assert torch.equal(first[0], second[0]) and torch.equal(first[1], second[1])
-    assert torch.equal(first[0][:, 1:], first[1][:, :-1]), "targets are the inputs shifted by one"
-    other_seed = TokenBatches(corpus, BatchPlan(len(corpus), 64, 3, 2, 2, 8)).batch(11, 2, 1, torch.device("cpu"))
-    assert not torch.equal(first[0], other_seed[0])
-
-
-def test_default_corpus_is_python_source_text():
-    text = read_corpus(None, 1 << 16).decode()
-    assert "def " in text and "import " in text
-
-
-def test_user_jsonl_and_text_files(tmp_path):
-    (tmp_path / "a.jsonl").write_text(json.dumps({"text": "hello world"}) + "\n\n" + json.dumps({"text": "second"}) + "\n")
-    (tmp_path / "b.txt").write_text("plain text")
-    assert read_corpus(tmp_path, 1 << 20) == b"hello world\nsecond\nplain text"
-    (tmp_path / "bad.jsonl").write_text('{"no_text": 1}\n')
-    with pytest.raises(ConfigError, match="bad.jsonl:1 has no string 'text' field"):
-        read_corpus(tmp_path, 1 << 20)
-
-
 def test_event_sink_writes_schema_valid_lines_and_counts_drops(tmp_path):
     sink = EventSink(tmp_path, group=1, rank=0)
-    fields = dict(step=1, committed=True, loss=2.0, lr=0.1, step_s=0.1, compute_s=0.1, allreduce_s=0.0,
-                  commit_s=0.0, quorum_id=1, participants=2, participating=True, healed=False,
-                  batches_committed=2, batches_skipped=0)
+    fields = step_fields(1, 2)
     sink.emit(StepEvent, **fields)
     sink.close()
     event = parse_event((tmp_path / "g1-r0.jsonl").read_text().splitlines()[0])
@@ -83,10 +45,8 @@ def _closed_port() -> int:
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--batch-size", "3", "--ranks-per-group", "2"], "--batch-size 3 does not divide across 2 ranks"),
-    (["--data", "/nonexistent/corpus.txt"], "--data /nonexistent/corpus.txt does not exist"),
+    (["--dataset", "/nonexistent/corpus.txt"], "--dataset /nonexistent/corpus.txt does not exist"),
     (["--steps", "0"], "--steps: Input should be greater than or equal to 1"),
-    (["--group", "2", "--groups", "2"], "group 2 is not below groups=2"),
     (["--lighthouse", "http://127.0.0.1:{port}"], "cannot reach the torchft Lighthouse"),
     # refused before the Lighthouse is dialled: no packet leaves for 10.77.0.1
     (["--advertise-host", "127.0.0.1", "--lighthouse", "http://10.77.0.1:29510"],
@@ -100,12 +60,32 @@ def test_bad_configuration_is_one_clear_line(args, message):
     assert len(lines) == 1 and lines[0].startswith("trainer: error: ") and message in lines[0], result.stderr
 
 
-def test_unknown_flavor_is_one_clear_line(lighthouse):
-    result = _trainer("--lighthouse", lighthouse, "--flavor", "llama-huge")
-    assert result.returncode == 2
-    assert result.stderr.strip().splitlines() == [
-        "trainer: error: unknown --flavor 'llama-huge'; choose one of debugmodel, 1B, 3B, 8B, 70B, 405B"
-    ]
+@pytest.mark.parametrize("args, message", [
+    (["--global-batch-size", "5", "--groups", "2", "--batch-policy", "shrink"],
+     "--global-batch-size 5 does not divide among 2 groups"),
+    (["--config", "llama3_debugmdel"], "unknown --config 'llama3_debugmdel': no torchtitan config-registry function "
+     "of that name (did you mean llama3_debugmodel"),
+    (["--config", "llama3_debugmodel"], "llama3_debugmodel's tokenizer folder ./tests/assets/tokenizer is not a folder"),
+    (["--config", "llama3_1b"], "llama3_1b's tokenizer folder is not set; give a Hugging Face tokenizer folder"),
+    (["--config", "nowhere.configs:llama"], "--config nowhere.configs:llama: cannot import module 'nowhere.configs'"),
+    (["--config", "trainer.configs:nope"], "trainer.configs has no config function 'nope'; it has llama3_debugmodel_bytes"),
+    (["--seq-len", "300000"], "--seq-len 300000 is longer than llama3_debugmodel_bytes allows (131072 tokens)"),
+    (["--device", "cuda"], "--device cuda needs 2 GPUs per group, this machine has 0"),
+    (["--group", "2", "--groups", "2"], "group 2 is not below groups=2"),
+    (["--replicate-backend", "nccl"], "--replicate-backend nccl needs --device cuda"),
+])
+def test_the_whole_job_is_checked_before_a_rank_starts(args, message):
+    """The checks `python -m trainer --check` (and `ftctl up` before anything starts) makes, each
+    a ConfigError or a settings error of one line: run here in one process, as the check runs them."""
+    from pydantic import ValidationError
+
+    from trainer.config import TrainerConfig
+    from trainer.errors import ConfigError
+    from trainer.launch import validate
+
+    with pytest.raises((ConfigError, ValidationError)) as refused:
+        validate(TrainerConfig(_cli_parse_args=args), dial_lighthouse=False)
+    assert message in str(refused.value), refused.value
 
 
 def test_help_explains_every_setting():

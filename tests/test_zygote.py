@@ -19,7 +19,7 @@ from protocol.torchrun import free_port, rank_env, torchrun_argv
 from service.agent.zygote import ForkedGroup, Zygote
 from service.proctree import wait_gone
 
-SMALL = ["--ranks-per-group", "2", "--seq-len", "64", "--batch-size", "2", "--fingerprint-every", "1"]
+SMALL = ["--ranks-per-group", "2", "--seq-len", "64", "--local-batch-size", "1", "--fingerprint-every", "1"]
 AGENT_ONLY = {"TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_ERROR_FILE", "TORCHELASTIC_SIGNALS_TO_HANDLE"}
 """What torchrun's own agent adds for itself: its store (rank 0 hosts it instead), its error files
 and its signal list; nothing of this trainer or of torchft reads them."""
@@ -117,10 +117,10 @@ def test_a_zygote_that_dies_takes_its_groups_along_and_the_next_start_gets_a_new
 
 
 def test_a_zygote_that_cannot_start_answers_none_so_the_agent_uses_torchrun(tmp_path, owner):
-    zygote = Zygote(0, ["--flavor", "no-such-flavor", "--group", "0"], tmp_path / "group.log")
+    zygote = Zygote(0, ["--config", "no_such_config", "--group", "0"], tmp_path / "group.log")
     try:
         assert zygote.spawn("test", ["--group", "0"], 2, "127.0.0.1", free_port(), tmp_path / "group.log") is None
-        assert "unknown --flavor 'no-such-flavor'" in (tmp_path / "group.log").read_text()
+        assert "unknown --config 'no_such_config'" in (tmp_path / "group.log").read_text()
     finally:
         zygote.stop()
 

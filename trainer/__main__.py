@@ -18,7 +18,7 @@ def main(argv: list[str] | None = None, process_start: float = PROCESS_START, fo
     argv = sys.argv[1:] if argv is None else argv
     cfg = parse_settings(TrainerConfig, "trainer", argv)
     try:
-        if "TORCHELASTIC_RUN_ID" in os.environ or "LOCAL_RANK" in os.environ:
+        if not cfg.check and ("TORCHELASTIC_RUN_ID" in os.environ or "LOCAL_RANK" in os.environ):
             from trainer.train import run
 
             return run(cfg, process_start, forked)

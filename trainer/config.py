@@ -13,10 +13,11 @@ from pydantic import AliasChoices, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from protocol import defaults
+from protocol.job import JobSettings
 from trainer.errors import ConfigError
 
 
-class TrainerConfig(BaseSettings):
+class TrainerConfig(BaseSettings, JobSettings):
     model_config = SettingsConfigDict(
         env_prefix="FT_TRAINER_",
         cli_kebab_case=True,
@@ -53,29 +54,11 @@ class TrainerConfig(BaseSettings):
         description="torchrun rendezvous/TCPStore port for this group when launching "
         "torchrun; 0 picks a free one",
     )
-    device: Literal["cpu", "cuda"] = Field(
-        "cpu",
-        description="cpu: gloo inside and across groups. cuda: NCCL inside the group and "
-        "torchft's NCCL process group across groups (written, not yet run on a GPU)",
-    )
-
-    # --- model and optimisation
-    flavor: str = Field("debugmodel", description="torchtitan Llama 3 flavor (debugmodel, 1B, 3B, 8B, 70B, 405B)")
+    # --- the job: a torchtitan config and the overrides a user changes (protocol/job.py's JobSettings)
     steps: int = Field(200, ge=1, description="train until the job's step count reaches this")
-    batch_size: int = Field(4, ge=1, description="samples per replica group per step; must divide by the group's ranks")
-    seq_len: int = Field(128, ge=8, description="tokens per sample")
-    lr: float = Field(3e-3, gt=0, description="peak learning rate (AdamW)")
-    warmup_steps: int = Field(10, ge=0, description="linear warm-up steps, then cosine decay to 10% at --steps")
-    weight_decay: float = Field(0.0, ge=0)
     seed: int = Field(0, description="model init and data order")
-
-    # --- data
-    data: Path | None = Field(
-        None,
-        description="text or JSONL file, or a folder of them (JSONL: the 'text' field of each "
-        "line). Default: the Python standard library's own source files",
-    )
-    data_max_bytes: int = Field(8 * 2**20, ge=1024, description="read at most this many bytes of the corpus")
+    check: bool = Field(False, description="check the whole configuration (and tokenize the dataset into its "
+                        "cache) without training, then exit: 0 when it would start")
 
     # --- torchft
     min_replicas: int = Field(1, ge=1, description="fewest replica groups that may commit a step")
@@ -93,20 +76,20 @@ class TrainerConfig(BaseSettings):
                                   "a restarted one is found at once")
     connect_timeout_s: float = Field(10.0, gt=0, description="connecting to the Lighthouse and managers")
     heartbeat_interval_ms: int = Field(100, ge=10, description="manager heartbeats to the Lighthouse")
-    init_sync: bool = Field(True, description="make every group copy group 0's weights at step 0")
+    init_sync: bool = Field(False, description="make every group copy one group's weights at step 0 (torchft's "
+                            "init_sync). Off: every group initialises the same weights from --seed, and step 0 "
+                            "trains every group's samples (with it, the healing groups' step-0 samples are skipped)")
     advertise_host: str | None = Field(
         None, description="host other groups reach this group's manager and heal server at "
         "(default: this machine's hostname)",
     )
 
-    # --- silent data corruption and clipping
+    # --- silent data corruption
     sdc_check: bool = Field(True, description="compare every group's gradient norm before gradients cross groups; "
                             "an abnormal one skips the step everywhere and is attributed by reruns "
                             "(--no-sdc-check: average at once, as plain HSDP does)")
     sdc_factor: float = Field(10.0, gt=1, description="a gradient norm above this many times the other groups' "
                               "median fails the check")
-    max_norm: float = Field(0.0, ge=0, description="clip gradients to this global norm (over every group, after "
-                            "averaging; 0: no clipping)")
 
     # --- checkpoints and telemetry
     checkpoint_dir: Path | None = Field(None, description="torch.distributed.checkpoint folder shared by all groups; none: no checkpoints")
@@ -129,12 +112,24 @@ class TrainerConfig(BaseSettings):
             raise ValueError(f"group {self.group} is not below groups={self.groups}")
         if self.min_replicas > self.groups:
             raise ValueError(f"min-replicas={self.min_replicas} exceeds groups={self.groups}")
+        if self.device == "cpu" and self.replicate_backend == "nccl":
+            raise ValueError("--replicate-backend nccl needs --device cuda")
         return self
 
-    def per_rank_batch(self, ranks: int) -> int:
-        if self.batch_size % ranks:
-            raise ConfigError(
-                f"--batch-size {self.batch_size} does not divide across {ranks} ranks per "
-                f"group; use a multiple of {ranks}"
-            )
-        return self.batch_size // ranks
+    @property
+    def across_groups(self) -> Literal["gloo", "nccl"]:
+        return self.replicate_backend or ("nccl" if self.device == "cuda" else "gloo")
+
+    @property
+    def precision(self) -> Literal["bf16", "fp32"]:
+        return self.dtype or ("bf16" if self.device == "cuda" else "fp32")
+
+    def global_batch(self, local_batch_size: int) -> int:
+        """The samples a committed step trains, over every group: ``--global-batch-size``, or
+        every rank of every group computing one microbatch."""
+        batch = self.global_batch_size or self.groups * self.ranks_per_group * local_batch_size
+        if self.batch_policy == "shrink" and batch % self.groups:
+            raise ConfigError(f"--global-batch-size {batch} does not divide among {self.groups} groups: with "
+                              "--batch-policy shrink each group trains an equal share; use a multiple of "
+                              f"{self.groups}")
+        return batch

@@ -1,6 +1,6 @@
 """Every workaround torchtitan 0.3.0 needs to train Llama 3 on a machine without a GPU.
 
-Two, both tested in tests/test_cpu_compat.py, which fails once upstream no longer needs them:
+Three, each tested in tests/test_cpu_compat.py, which fails once upstream no longer needs it:
 
 1. ``torchtitan.models.llama3`` imports ``torchtitan.distributed.minimal_async_ep.kernels``
    (MoE expert-parallel Triton kernels) unconditionally, and that module imports triton.
@@ -10,6 +10,9 @@ Two, both tested in tests/test_cpu_compat.py, which fails once upstream no longe
    "flex" has no CPU backward, "varlen" no CPU kernel. ``ScaledDotProductAttention`` is plain
    causal SDPA: it is put into every config that has an ``inner_attention`` field, and the
    model is called without attention masks.
+3. ``torchtitan.tools.utils.device_type`` is "cuda" on a machine without an accelerator, and
+   ``ParallelDims.build_mesh`` builds its meshes for it; :func:`use_device_type` points it at
+   the device the rank runs on.
 """
 
 from __future__ import annotations
@@ -64,3 +67,10 @@ def use_sdpa_attention(config: Any) -> Any:
 
     visit(config)
     return config
+
+
+def use_device_type(device_type: str) -> None:
+    """Make torchtitan's ``ParallelDims`` build its meshes on ``device_type`` (see 3. above)."""
+    import torchtitan.distributed.parallel_dims as parallel_dims
+
+    parallel_dims.device_type = device_type

@@ -292,7 +292,7 @@ class FailFastManager(Manager):
 def build_manager(cfg: TrainerConfig, load_state_dict: Callable[[Any], None],
                   state_dict: Callable[[], Any]) -> tuple[FailFastManager, HealTransport]:
     timeout = timedelta(seconds=cfg.timeout_s)
-    pg = ProcessGroupNCCL(timeout=timeout) if cfg.device == "cuda" else AbortableProcessGroupGloo(timeout=timeout)
+    pg = ProcessGroupNCCL(timeout=timeout) if cfg.across_groups == "nccl" else AbortableProcessGroupGloo(timeout=timeout)
     host = advertised_host(cfg)
     transport = HealTransport(timeout, host)
     manager = FailFastManager(

@@ -145,6 +145,13 @@ class CheckResult:
     def mine(self, group: int) -> Incident | None:
         return next((i for i in self.incidents if i.group == group), None)
 
+    @property
+    def verdict(self) -> Verdict | None:
+        """``data`` when an incident blamed the batch itself (retrying it would fail again), else
+        the first incident's; None when nothing was flagged."""
+        verdicts = [i.verdict for i in self.incidents]
+        return "data" if "data" in verdicts else (verdicts[0] if verdicts else None)
+
 
 class GradientCheck:
     """The cross-group norm check of one rank; see the module's docstring."""
@@ -183,12 +190,13 @@ class GradientCheck:
         return CheckResult(passed, incidents or [], decided=incidents is not None, wait_s=wait_s,
                            rerun_s=time.perf_counter() - start - wait_s if reran else 0.0)
 
-    def check(self, norm: float, rerun: Callable[[int], float]) -> CheckResult:
+    def check(self, norm: float, rerun: Callable[[int, int], float]) -> CheckResult:
         """Exchange this group's gradient norm with the others' and judge them. The optimizer
         must only be stepped, and the gradients only cross groups, if the result ``passed``.
 
-        ``rerun(batch_group)`` recomputes, from the current state, the gradient of this rank's
-        batch of ``batch_group`` at the step being checked and returns the group's norm of it."""
+        ``rerun(group, slot)`` recomputes, from the current state, the gradient of this rank's
+        part of the batch that group ``group`` (participating rank ``slot``) trained at the step
+        being checked, and returns the group's norm of it."""
         start = time.perf_counter()
         with self._waiting():  # the async quorum settles here
             slot, slots = self.manager.participating_rank(), self.manager.num_participants()
@@ -205,18 +213,20 @@ class GradientCheck:
         if not judgement.flagged:
             return self._result(start, True, [])
         mine = next((i for i, (s, _, _) in enumerate(filled) if s == slot), None)
-        return self._result(start, False, self._attribute(judgement, mine, rerun))
+        return self._result(start, False, self._attribute(judgement, [s for s, _, _ in filled], mine, rerun))
 
-    def _attribute(self, j: Judgement, slot: int | None, rerun: Callable[[int], float]) -> list[Incident] | None:
-        """``slot``: this group's position among the judged slots (None: it sent no norm)."""
+    def _attribute(self, j: Judgement, slots: list[int], mine: int | None,
+                   rerun: Callable[[int, int], float]) -> list[Incident] | None:
+        """``slots``: each judged group's participating rank; ``mine``: this group's position
+        among the judged (None: it sent no norm)."""
         assigned = checkers(j.flagged, j.clean)
         count = len(j.flagged)
         sent = [0.0] * (2 * count)
         for i, flagged in enumerate(j.flagged):
-            if slot == flagged:
-                sent[i] = rerun(self.group)
-            if slot is not None and slot == assigned[flagged]:
-                sent[count + i] = rerun(j.groups[flagged])
+            if mine == flagged:
+                sent[i] = rerun(self.group, slots[flagged])
+            if mine is not None and mine == assigned[flagged]:
+                sent[count + i] = rerun(j.groups[flagged], slots[flagged])
         got = self._exchange(sent)
         if got is None:
             return None

@@ -1,43 +1,74 @@
-"""``python -m trainer`` outside torchrun: check the settings, then become torchrun.
+"""``python -m trainer`` outside torchrun: check the whole job, then become torchrun.
 
-Checking here gives one clear error line for a bad flavor, batch, data path or Lighthouse
-address instead of K ranks failing under torchrun.
+The check builds everything a rank would except the process groups and the model's weights:
+the torchtitan config with its overrides, the tokenizer (its vocabulary against the model's),
+the dataset (tokenized into its cache now, with progress, so no rank waits for it), the batch
+plan, the device. A bad value is one clear line and exit code 2 before any rank starts.
+``python -m trainer --check …`` stops there (``ftctl up`` runs it before it starts anything).
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import time
 
 from protocol.torchrun import torchrun_argv, torchrun_env
 from trainer.config import TrainerConfig
 from trainer.errors import ConfigError
 
-CORPUS_PROBE_BYTES = 1 << 16
-"""Enough of the corpus to know it can be read and holds text; the ranks read it all."""
+
+class TokenizingProgress:
+    """A line about every second while a dataset is tokenized."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.start = time.monotonic()
+
+    def __call__(self, fraction: float, documents: int, tokens: int) -> None:
+        rate = tokens / max(1e-9, time.monotonic() - self.start)
+        print(f"tokenizing {self.name}: {100 * fraction:3.0f}%  {documents:,} documents  {tokens:,} tokens  "
+              f"({rate / 1e6:.2f}M tokens/s)", flush=True)
 
 
-def validate(cfg: TrainerConfig) -> None:
+def count_parameters(job) -> int:
+    import torch
+
+    with torch.device("meta"):
+        model = job.model_spec.model.build()
+    return sum(p.numel() for p in model.parameters())
+
+
+def validate(cfg: TrainerConfig, dial_lighthouse: bool = True) -> str:
+    """Check the job (ConfigError, one line, when something is wrong); returns a one-line summary."""
     from trainer.advertise import use_advertised_interface
-    from trainer.corpus import read_corpus
+    from trainer.builder import data_plan, open_dataset
     from trainer.fault_tolerance import check_lighthouse_reachable
-    from trainer.model import model_config
+    from trainer.job import describe, job_config
 
-    cfg.per_rank_batch(cfg.ranks_per_group)
-    read_corpus(cfg.data, min(cfg.data_max_bytes, CORPUS_PROBE_BYTES))
     use_advertised_interface(cfg)  # before the Lighthouse is dialled: a loopback advertisement is refused as it is
-    check_lighthouse_reachable(cfg.lighthouse)
-    model_config(cfg.flavor)  # last: it imports torch and torchtitan
+    job = job_config(cfg)
+    dataset = open_dataset(cfg, job, TokenizingProgress(str(cfg.dataset or "the standard library's sources")))
+    plan = data_plan(cfg, job, dataset, cfg.ranks_per_group)
     if cfg.device == "cuda":
         import torch
 
         if torch.cuda.device_count() < cfg.ranks_per_group:
-            raise ConfigError(f"--device cuda needs {cfg.ranks_per_group} GPUs, "
+            raise ConfigError(f"--device cuda needs {cfg.ranks_per_group} GPUs per group, "
                               f"this machine has {torch.cuda.device_count()}")
+    if dial_lighthouse:
+        check_lighthouse_reachable(cfg.lighthouse)
+    return (f"{cfg.config}: {describe(job)}, {count_parameters(job) / 1e6:.1f}M parameters, {cfg.precision}; "
+            f"{dataset.samples:,} samples of {dataset.seq_len} tokens per epoch "
+            f"({len(dataset.store.tokens):,} tokens, {dataset.store.documents:,} documents); "
+            f"global batch {plan.global_batch} ({plan.policy}), {plan.local_batch} per rank at once")
 
 
 def launch(cfg: TrainerConfig, trainer_args: list[str]) -> None:
-    validate(cfg)
+    summary = validate(cfg, dial_lighthouse=not cfg.check)
+    print(f"{'ok' if cfg.check else 'job'}: {summary}", flush=True)
+    if cfg.check:
+        return
     argv = torchrun_argv(cfg.ranks_per_group, trainer_args, cfg.advertise_host, cfg.master_port)
     sys.stdout.flush()
     os.execve(argv[0], argv, torchrun_env())

@@ -13,14 +13,12 @@ import ctypes
 import hashlib
 import time
 from dataclasses import dataclass
+from collections.abc import Iterable
 from typing import Any
 
 import torch
 import torch.nn as nn
 from torch.distributed.tensor import DTensor
-
-OPTIMIZER_KEYS = ("exp_avg", "exp_avg_sq")
-
 
 def local(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.to_local() if isinstance(tensor, DTensor) else tensor
@@ -28,64 +26,77 @@ def local(tensor: torch.Tensor) -> torch.Tensor:
 
 @dataclass
 class TrainingPosition:
-    """Where the job is besides the step count torchft keeps."""
+    """Where the job is besides the step count torchft keeps: ``data_step``, the steps whose global
+    batch was consumed (``trainer/data.py``). It travels with the state a heal copies and a
+    checkpoint saves, so nobody has to copy a data loader's state."""
 
-    batches_skipped: int = 0
+    data_step: int = 0
 
     def state_dict(self) -> dict[str, int]:
-        return {"batches_skipped": self.batches_skipped}
+        return {"data_step": self.data_step}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
-        self.batches_skipped = int(state["batches_skipped"])
+        self.data_step = int(state["data_step"])
 
 
-def materialize_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
-    """Create AdamW's state with a zero-gradient step at lr 0, so a heal can copy into it."""
-    saved = [group["lr"] for group in optimizer.param_groups]
-    for group in optimizer.param_groups:
-        group["lr"] = 0.0
-        for param in group["params"]:
-            param.grad = torch.zeros_like(param)
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    for group, lr in zip(optimizer.param_groups, saved):
-        group["lr"] = lr
-    for state in optimizer.state.values():
-        state["step"].zero_()
+def materialize_optimizer_state(optimizers: Iterable[torch.optim.Optimizer]) -> None:
+    """Create every optimizer's state, so a heal or a checkpoint load can copy into it:
+    torchtitan's ``init_optim_state`` (a zero-gradient step at lr 0), then each step count back
+    to 0, so the first real step is the optimizer's first."""
+    from torchtitan.components.optimizer.utils import init_optim_state
+
+    for optimizer in optimizers:
+        init_optim_state(optimizer)
+        for state in optimizer.state.values():
+            if torch.is_tensor(state.get("step")):
+                state["step"].zero_()
 
 
 class LiveState:
-    """State-dict functions for torchft's Manager: model, optimizer, LR schedule, position."""
+    """State-dict functions for torchft's Manager: model, optimizer state (every tensor each
+    optimizer keeps per parameter: AdamW's step, exp_avg, exp_avg_sq), LR schedule, position."""
 
-    def __init__(self, group: int, model: nn.Module, optimizer: torch.optim.Optimizer,
-                 scheduler: torch.optim.lr_scheduler.LRScheduler, position: TrainingPosition):
+    def __init__(self, group: int, model: nn.Module, optimizers: Iterable[torch.optim.Optimizer],
+                 schedulers: Any, position: TrainingPosition):
+        """``optimizers`` and ``schedulers``: torchtitan's containers (``OptimizersContainer``,
+        ``LRSchedulersContainer``), or anything iterable like them."""
         self.group = group
         self.named_params = list(model.named_parameters())
-        self.optimizer = optimizer
-        self.scheduler = scheduler
+        self.optimizers = list(optimizers)
+        self.schedulers = schedulers
         self.position = position
         self.last_load_bytes = 0
         self.last_source_group = -1
         self.last_load_s = 0.0
 
+    def _param_state(self, param: torch.Tensor) -> dict[str, torch.Tensor]:
+        for optimizer in self.optimizers:
+            if param in optimizer.state:
+                state = optimizer.state[param]
+                return {k: state[k] for k in sorted(state) if torch.is_tensor(state[k])}
+        return {}
+
     def _tensors(self, shards: bool) -> dict[str, Any]:
         """Parameters and optimizer state by parameter name: local shards, or the DTensors."""
         view = local if shards else (lambda t: t)
-        opt_state = self.optimizer.state
         return {
             "model": {name: view(p) for name, p in self.named_params},
-            "optimizer": {
-                name: {"step": opt_state[p]["step"], **{k: view(opt_state[p][k]) for k in OPTIMIZER_KEYS}}
-                for name, p in self.named_params
-            },
-            "lr_scheduler": self.scheduler.state_dict(),
+            "optimizer": {name: {k: view(t) for k, t in self._param_state(p).items()} for name, p in self.named_params},
+            "lr_scheduler": self.schedulers.state_dict(),
             "position": self.position.state_dict(),
         }
 
+    def lr(self) -> float:
+        """The learning rate the next step uses (the first parameter group's)."""
+        return next(iter(self.schedulers)).get_last_lr()[0]
+
     def _restore_schedule(self, state: dict[str, Any]) -> None:
-        self.scheduler.load_state_dict(state["lr_scheduler"])
-        for group, lr in zip(self.optimizer.param_groups, self.scheduler.get_last_lr()):
-            group["lr"] = lr
+        """torchtitan's schedules are functions of the step: restore it, and every parameter
+        group's rate with it (the container restores the schedulers' own only)."""
+        self.schedulers.load_state_dict(state["lr_scheduler"])
+        for scheduler in self.schedulers:
+            for group, lr in zip(scheduler.optimizer.param_groups, scheduler.get_last_lr()):
+                group["lr"] = lr
         self.position.load_state_dict(state["position"])
 
     def state_dict(self) -> dict[str, Any]:
@@ -100,10 +111,9 @@ class LiveState:
             src = state["model"][name]
             local(param).copy_(src)
             nbytes += src.nbytes
-            mine, theirs = self.optimizer.state[param], state["optimizer"][name]
-            mine["step"].copy_(theirs["step"])
-            for key in OPTIMIZER_KEYS:
-                local(mine[key]).copy_(theirs[key])
+            theirs = state["optimizer"][name]
+            for key, mine in self._param_state(param).items():
+                local(mine).copy_(theirs[key])
                 nbytes += theirs[key].nbytes
         self._restore_schedule(state)
         self.last_source_group = int(state["source_group"])
@@ -127,8 +137,7 @@ class LiveState:
         """SHA-256 (first 16 hex digits) over this rank's parameter and optimizer shards."""
         digest = hashlib.sha256()
         for _, param in self.named_params:
-            state = self.optimizer.state[param]
-            for tensor in (local(param), state["step"], *(local(state[k]) for k in OPTIMIZER_KEYS)):
+            for tensor in (local(param), *map(local, self._param_state(param).values())):
                 t = tensor.detach().to("cpu").contiguous()
                 digest.update(ctypes.string_at(t.data_ptr(), t.nbytes))
         return digest.hexdigest()[:16]

@@ -2,7 +2,7 @@
 forks replica groups from it.
 
 A cold start of a group pays, in every rank, for the interpreter, ``import torch``, torchft,
-torchtitan's model code (3.3 s here) and reading the corpus (1 s), before it builds its model.
+torchtitan's model code (3.3 s here) and opening its dataset, before it builds its model.
 The agent keeps one zygote per group: it pays all of that once, when the agent starts, and then
 answers each start of the group or of its warm spare with a fork (:mod:`protocol.zygote`). The
 forked ranks share the zygote's memory copy-on-write.
@@ -56,35 +56,41 @@ PARENT_POLL_S = 1.0
 
 
 def preload(trainer_args: list[str]) -> float:
-    """Import everything a rank runs and read the group's corpus; returns the seconds it took."""
+    """Import everything a rank runs, open the group's tokenized dataset (tokenizing it if no cache
+    holds it yet) and order its first epoch; returns the seconds it took."""
     start = time.time()
     cfg = parse_settings(TrainerConfig, "trainer.zygote", trainer_args)
     import trainer.train  # noqa: F401  torch, torchft, the training loop and what it imports
-    from trainer.corpus import preload_corpus
-    from trainer.model import model_config
+    from trainer.builder import data_plan, open_dataset
+    from trainer.job import job_config
 
-    model_config(cfg.flavor)  # torchtitan's Llama 3 code
-    preload_corpus(cfg.data, cfg.data_max_bytes)
+    job = job_config(cfg)  # torchtitan's model code, the config's own modules
+    data_plan(cfg, job, open_dataset(cfg, job), cfg.ranks_per_group).window(0)  # the epoch's order, kept
     warm_up()
     return time.time() - start
 
 
 def warm_up() -> None:
-    """Build, initialise and give an optimizer to the small debug model once, unsharded, whatever
-    the job's flavor: a process's first build pays one-time costs (lazy initialisation in torch
-    and torchtitan, about 0.15 s of CPU here) that every fork then inherits paid."""
+    """Build, initialise and give optimizer state to the small byte-level debug model once,
+    unsharded, whatever the job's model: a process's first build pays one-time costs (lazy
+    initialisation in torch and torchtitan, about 0.15 s of CPU here) that every fork then
+    inherits paid."""
     import torch
 
-    from trainer.model import model_config
+    from trainer.configs import llama3_debugmodel_bytes
+    from trainer.cpu_compat import use_sdpa_attention
+    from trainer.job import quiet_root_logger
     from trainer.state import materialize_optimizer_state
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    with quiet_root_logger():
+        job = llama3_debugmodel_bytes()
     with torch.device("meta"):
-        model = model_config("debugmodel").build()
+        model = use_sdpa_attention(job.model_spec.model).build()
     model.to_empty(device="cpu")
     with torch.no_grad():
-        model.init_states(buffer_device=torch.device("cpu"))
-    materialize_optimizer_state(torch.optim.AdamW(model.parameters()))
+        model.init_weights(buffer_device=None)
+    materialize_optimizer_state([torch.optim.AdamW(model.parameters())])
 
 
 def threads() -> int:

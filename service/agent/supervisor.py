@@ -16,6 +16,7 @@ from protocol.agent import LastExit
 from protocol.quarantine import Quarantine
 from protocol.defaults import LOOPBACK
 from protocol.torchrun import free_port, torchrun_argv, torchrun_env
+from service.agent.crash_line import log_size, read_crash_line
 from service.agent.pidfile import forget_pid, reap_pidfile, record_pid
 from service.proctree import REAPED_S, end_tree, process_tree, signal_tree, wait_gone
 
@@ -93,6 +94,8 @@ class GroupSupervisor:
         self.proc: GroupProcess | None = None
         self.starts = 0
         self.last_exit: LastExit | None = None
+        self._log_offset = 0
+        """where the running start's output begins in the group's log"""
         self._intent: ExitKind | None = None
         self._lock = threading.RLock()
         self._shutdown = threading.Event()
@@ -123,6 +126,8 @@ class GroupSupervisor:
             else:
                 self.proc = self.command.spawn(f"starting group {self.group}")
                 detail = "cold start"
+            # after the spawn: what a zygote that could not serve said while it was asked is not this start's
+            self._log_offset = log_size(self.command.log_path)
             record_pid(self.pid_path, self.proc.pid, self.group)
             self.starts += 1
             self._intent = None
@@ -143,8 +148,10 @@ class GroupSupervisor:
         quarantine = self.take_quarantine()
         if quarantine is not None:
             self._exited(proc, "quarantined", quarantine.reason)
+        elif code == 0:
+            self._exited(proc, "finished")
         else:
-            self._exited(proc, "finished" if code == 0 else "crashed")
+            self._exited(proc, "crashed", read_crash_line(self.command.log_path, self._log_offset))
 
     def _exited(self, proc: "GroupProcess", kind: ExitKind, detail: str | None = None) -> None:
         code = proc.wait()

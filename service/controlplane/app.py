@@ -32,7 +32,8 @@ from service.controlplane.metrics import JobMetrics, StateCollector
 from service.controlplane.partition_responder import PartitionResponder
 from service.controlplane.registry import AgentRegistry
 from service.controlplane.retention import prune_forever
-from service.controlplane.routers import agents as agents_router, drills, events, goodput as goodput_router, groups, health, quorum, sdc, stragglers
+from service.controlplane.coverage import CoverageLedger
+from service.controlplane.routers import agents as agents_router, data, drills, events, goodput as goodput_router, groups, health, quorum, sdc, stragglers
 from service.controlplane.settings import ControlPlaneSettings
 from service.controlplane.straggler_policy import StragglerResponder
 from service.controlplane.stragglers import StragglerTracker
@@ -55,11 +56,13 @@ def build_services(settings: ControlPlaneSettings) -> Services:
         store, board.median_step_s(), settings.classic_recovery_json, list(goodput.DEFAULT_GPUS),
         goodput.Assumptions()))
     metrics.registry.register(state)
-    ingest = Ingestor(store, board, metrics, bus, tracker, settings.max_clock_skew_s, settings.max_event_age_s)
+    coverage = CoverageLedger(store)
+    ingest = Ingestor(store, board, metrics, bus, tracker, settings.max_clock_skew_s, settings.max_event_age_s,
+                      coverage)
     return Services(
         settings=settings, store=store, board=board, bus=bus, ingest=ingest, writer=IngestWriter(ingest),
         agents=agents, registry=registry, control=control, drills=DrillRunner(settings, store, bus, control, agents, lighthouse, tracker),
-        lighthouse=lighthouse, stragglers=tracker,
+        lighthouse=lighthouse, stragglers=tracker, coverage=coverage,
         metrics_registry=metrics.registry, metrics_state=state,
     )
 
@@ -124,6 +127,7 @@ def create_app(settings: ControlPlaneSettings) -> FastAPI:
     app.include_router(drills.router)
     app.include_router(drills.mutating, dependencies=auth)
     app.include_router(goodput_router.router)
+    app.include_router(data.router)
     app.include_router(stragglers.router)
     app.include_router(sdc.router)
     return app

@@ -1,7 +1,8 @@
 """The chaos drill: random kills at exponential intervals, rejoins after a delay, goodput.
 
-Goodput here is measured, not modelled: committed replica-batches per second during the
-chaos window against the failure-free rate measured just before it in the same run, once no
+Goodput here is measured, not modelled: samples trained by committed steps per second
+(``throughput.py``) during the chaos window against the failure-free rate measured just before
+it in the same run, once no
 warm spare is still building (a build takes CPU from the training beside it). Each kill is a
 :class:`~service.controlplane.timeline.FaultTimeline`; the time lost is split per kill into
 detection (kill → a survivor's quorum changed), restart (rejoin → the group's ranks are up),
@@ -23,12 +24,13 @@ from service.controlplane.bus import StoredEvent
 from service.controlplane.drill_context import DrillContext
 from service.controlplane.errors import DrillFailed
 from service.controlplane.models import ChaosKill, ChaosReport
+from service.controlplane.throughput import ThroughputMeter
 from service.controlplane.timeline import FaultTimeline, Milestone
 
 TICK_S = 0.1
 """How often the chaos loop looks whether a kill or a rejoin is due."""
 CATCH_UP_S = 2.0
-"""Before the baseline: time for the event stream to reach the current batch count."""
+"""Before the baseline: time for the event stream to reach the current step."""
 SPARES_POLL_S = 1.0
 
 
@@ -46,7 +48,7 @@ class ChaosRun:
         self.ctx = ctx
         self.control = ctx.control
         self.r = report
-        self.batches = 0  # highest batches_committed any rank 0 reported
+        self.meter = ThroughputMeter()
         self.step_times: dict[str, list[float]] = {}  # by phase: baseline, chaos, settling
         self.timelines: list[FaultTimeline] = []
         self.open: dict[int, FaultTimeline] = {}
@@ -57,7 +59,7 @@ class ChaosRun:
 
     def _observe(self, e: Event) -> None:
         if isinstance(e, StepEvent) and speaks_for_group(e) and e.committed:
-            self.batches = max(self.batches, e.batches_committed)
+            self.meter.observe(e)
             self.step_times.setdefault(self.r.phase, []).append(e.step_s)
         for t in self.open.values():
             t.observe(e)
@@ -80,9 +82,9 @@ class ChaosRun:
             self.ctx.bus.unsubscribe(queue)
 
     async def _rate_over(self, seconds: float) -> float:
-        start_batches, start = self.batches, time.time()
+        start_samples, start = self.meter.samples, time.time()
         await asyncio.sleep(seconds)
-        return (self.batches - start_batches) / (time.time() - start)
+        return (self.meter.samples - start_samples) / (time.time() - start)
 
     async def _wait_for_spares(self) -> None:
         """A warm spare still building takes CPU from the training beside it: the failure-free
@@ -118,7 +120,7 @@ class ChaosRun:
     async def _chaos(self) -> None:
         self.r.phase = "chaos"
         rng = random.Random(self.r.seed)
-        start_batches, start = self.batches, time.time()
+        start_samples, start = self.meter.samples, time.time()
         end = start + self.r.duration_s
         next_kill = start + rng.expovariate(1.0 / self.r.mtbf_s)
         rejoins: list[tuple[float, FaultTimeline]] = []
@@ -134,7 +136,7 @@ class ChaosRun:
                     rejoins.append((t.fault_at + self.r.rejoin_delay_s, t))
                 next_kill = now + rng.expovariate(1.0 / self.r.mtbf_s)
             await asyncio.sleep(TICK_S)
-        self.r.chaos_rate = (self.batches - start_batches) / (time.time() - start)
+        self.r.chaos_rate = (self.meter.samples - start_samples) / (time.time() - start)
         self.r.goodput = self.r.chaos_rate / self.r.baseline_rate if self.r.baseline_rate else None
         for _, t in rejoins:  # groups still down at the end come back too
             await self._rejoin(t)

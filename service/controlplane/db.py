@@ -72,6 +72,25 @@ MIGRATIONS: list[str] = [
         renewed REAL NOT NULL
     );
     """,
+    """
+    CREATE TABLE steps (
+        step INTEGER PRIMARY KEY,
+        quorum_id INTEGER NOT NULL,
+        ts REAL NOT NULL,
+        data_step INTEGER NOT NULL,
+        global_batch INTEGER NOT NULL,
+        step_samples INTEGER NOT NULL,
+        consumed INTEGER NOT NULL
+    );
+    CREATE INDEX steps_by_data_step ON steps (data_step, step);
+    CREATE TABLE coverage (
+        data_step INTEGER PRIMARY KEY,
+        planned INTEGER NOT NULL,
+        once INTEGER NOT NULL,
+        twice INTEGER NOT NULL,
+        skipped INTEGER NOT NULL
+    );
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -133,6 +152,32 @@ class Store:
         with self.transaction():
             return self._conn.execute(sql, tuple(args))
 
+    # --- data coverage (service/controlplane/coverage.py)
+    STEP_COLUMNS = "step, quorum_id, ts, data_step, global_batch, step_samples, consumed"
+
+    def step_records(self, since_step: int | None = None, data_step: int | None = None) -> list[dict]:
+        """Committed steps' records, in step order: from ``since_step`` on, or of one ``data_step``."""
+        where, args = ("data_step = ?", [data_step]) if data_step is not None else ("step >= ?", [since_step or 0])
+        return [dict(row) | {"consumed": bool(row["consumed"])}
+                for row in self._rows(f"SELECT {self.STEP_COLUMNS} FROM steps WHERE {where} ORDER BY step", args)]
+
+    def replace_step_records(self, gone: list[int], record: Any) -> None:
+        """Delete the records of the steps ``gone`` and store ``record`` (a coverage StepRecord)."""
+        with self.transaction():
+            self._conn.executemany("DELETE FROM steps WHERE step = ?", [(step,) for step in gone])
+            self._conn.execute(f"INSERT OR REPLACE INTO steps ({self.STEP_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                               (record.step, record.quorum_id, record.ts, record.data_step, record.global_batch,
+                                record.step_samples, int(record.consumed)))
+
+    def set_coverage(self, data_step: int, planned: int, once: int, twice: int, skipped: int) -> None:
+        self._write("INSERT OR REPLACE INTO coverage (data_step, planned, once, twice, skipped) VALUES (?, ?, ?, ?, ?)",
+                    (data_step, planned, once, twice, skipped))
+
+    def coverage_totals(self) -> dict[str, int]:
+        row = self._rows("SELECT COALESCE(SUM(planned), 0) AS planned, COALESCE(SUM(once), 0) AS once, "
+                         "COALESCE(SUM(twice), 0) AS twice, COALESCE(SUM(skipped), 0) AS skipped FROM coverage")[0]
+        return dict(row)
+
     # --- events
     def add_events(self, events: list[Event]) -> list[int | None]:
         """Each event's row id; None for an event whose ``eid`` is stored already (a retry)."""
@@ -177,6 +222,11 @@ class Store:
         """The newest ``limit`` events of a type, oldest first."""
         rows = self._rows("SELECT body FROM events WHERE type = ? ORDER BY id DESC LIMIT ?", [type_, limit])
         return [EVENT_ADAPTER.validate_json(r["body"]) for r in reversed(rows)]
+
+    def newest_start(self) -> Event | None:
+        """The newest start event of any group's rank 0: the job as it runs now."""
+        rows = self._rows("SELECT body FROM events WHERE type = 'start' AND rank = 0 ORDER BY id DESC LIMIT 1")
+        return EVENT_ADAPTER.validate_json(rows[0]["body"]) if rows else None
 
     def count_by(self, type_: str, field: str) -> dict[str, int]:
         """How many events of a type have each value of a top-level field."""

@@ -13,6 +13,7 @@ from protocol.events import INT64_MAX
 from protocol.tokens import bearer, token_accepted
 from service.controlplane.agents import AgentClient
 from service.controlplane.bus import EventBus
+from service.controlplane.coverage import CoverageLedger
 from service.controlplane.db import Store
 from service.controlplane.drills import DrillRunner
 from service.controlplane.errors import TooManyGroups, UnknownGroup
@@ -41,6 +42,7 @@ class Services:
     drills: DrillRunner
     lighthouse: LighthouseClient
     stragglers: StragglerTracker
+    coverage: CoverageLedger
     metrics_registry: CollectorRegistry
     metrics_state: StateCollector
 
@@ -120,7 +122,7 @@ def group_out(view: GroupView, with_transitions: bool = False) -> GroupOut:
     heal = view.last_heal
     flag, sdc = view.straggler, view.last_sdc
     return GroupOut(
-        group=view.group, state=view.state, down_reason=view.down_reason,
+        group=view.group, state=view.state, down_reason=view.down_reason, down_detail=view.down_detail,
         since=t.ts if t else None, step=view.step, loss=view.loss, diverged=view.diverged, participants=view.participants,
         quorum_id=view.quorum_id, step_s=view.step_s, last_event_ts=view.last_event_ts,
         last_heal=HealOut(ts=heal.ts, step=heal.step, source_group=heal.source_group, bytes=heal.bytes,

@@ -83,6 +83,10 @@ class GroupView:
     """the detector's flag, while it stands"""
     last_sdc: SdcEvent | None = None
     """the gradient check's latest incident in this group"""
+    exit_detail: str | None = None
+    """why its processes last ended, as its agent said (a crash: the last error line of its log)"""
+    trained: bool = False
+    """a committed step of its rank 0 trained samples (a heal's step trains none: no loss)"""
     starts: int = 0
     history: list[Transition] = field(default_factory=list)
 
@@ -95,9 +99,14 @@ class GroupView:
         return self.transition.reason if self.state == "down" else None
 
     @property
+    def down_detail(self) -> str | None:
+        return self.exit_detail if self.state == "down" else None
+
+    @property
     def diverged(self) -> bool:
-        """The last committed step's loss was not finite (its event carries it as null)."""
-        return self.step is not None and self.loss is None
+        """The last committed step that trained samples had a loss that was not finite (its event
+        carries it as null)."""
+        return self.trained and self.loss is None
 
     def note(self, event: Event) -> None:
         """Update the latest-known figures (step, loss, heal, pid) without touching the state."""
@@ -106,13 +115,17 @@ class GroupView:
             case StepEvent() if speaks_for_group(event):
                 self.participants, self.quorum_id = event.participants, event.quorum_id
                 if event.committed:
-                    self.step, self.loss, self.step_s = event.step, event.loss, event.step_s
+                    self.step, self.step_s = event.step, event.step_s
                     self.committed_at = event.ts
+                    if event.samples:
+                        self.loss, self.trained = event.loss, True
             case HealEvent() if speaks_for_group(event):
                 self.last_heal = event
             case ProcessEvent(action="started"):
                 self.pid = event.pid
                 self.starts += 1
+            case ProcessEvent():
+                self.exit_detail = event.detail
             case StragglerEvent():
                 self.straggler = event if event.action == "flagged" else None
             case SdcEvent():
@@ -151,8 +164,11 @@ class GroupBoard:
         view = GroupView(g)
         for t in self.store.transitions(g):
             view.apply(Transition(t["state"], t["reason"], t["ts"]))
-        for type_, rank, where in (("process", None, None), ("heal", 0, None), ("straggler", None, None),
-                                   ("sdc", 0, None), ("step", 0, "json_extract(body, '$.committed') = 1")):
+        for type_, rank, where in (("process", None, "json_extract(body, '$.action') != 'started'"),
+                                   ("process", None, None), ("heal", 0, None), ("straggler", None, None),
+                                   ("sdc", 0, None), ("step", 0, "json_extract(body, '$.committed') = 1 AND "
+                                                                "json_extract(body, '$.samples') > 0"),
+                                   ("step", 0, "json_extract(body, '$.committed') = 1")):
             latest = self.store.latest_event(g, type_, rank=rank, where_json=where)
             if latest is not None:
                 view.note(latest)

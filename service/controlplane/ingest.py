@@ -30,6 +30,7 @@ from protocol.ingest import MAX_REASONS, IngestBatch, IngestResult, Transport
 from service.controlplane.bus import EventBus, StoredEvent
 from service.controlplane.db import Store
 from service.controlplane.errors import Overloaded, StorageUnavailable
+from service.controlplane.coverage import CoverageLedger
 from service.controlplane.groups import GroupBoard
 from service.controlplane.metrics import JobMetrics
 from service.controlplane.stragglers import StragglerTracker
@@ -45,9 +46,11 @@ def why_invalid(err: ValidationError) -> str:
 
 class Ingestor:
     def __init__(self, store: Store, board: GroupBoard, metrics: JobMetrics, bus: EventBus,
-                 stragglers: StragglerTracker, max_clock_skew_s: float, max_event_age_s: float):
+                 stragglers: StragglerTracker, max_clock_skew_s: float, max_event_age_s: float,
+                 coverage: CoverageLedger):
         self.store = store
         self.board = board
+        self.coverage = coverage
         self.metrics = metrics
         self.bus = bus
         self.stragglers = stragglers
@@ -94,6 +97,7 @@ class Ingestor:
                     new = [(event_id, event) for event_id, event in zip(ids, b.events) if event_id is not None]
                     for _, event in new:
                         self.board.observe(event)
+                        self.coverage.observe(event)
                     if b.group is not None:
                         self.store.record_ingest(b.group, b.dropped, len(b.reasons),
                                                  duplicates=len(b.events) - len(new))

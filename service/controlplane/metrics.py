@@ -183,6 +183,8 @@ class StoredNumbers:
     last_done: dict[str, dict]
     """The newest finished drill's report of each kind that has one."""
     projections: list[Projection]
+    coverage: dict[str, int]
+    """The data coverage's totals (``service/controlplane/coverage.py``)."""
 
 
 class StateCollector:
@@ -209,7 +211,8 @@ class StateCollector:
             projections = []
         last_done = {kind: rows[0]["report"] or {} for kind in DRILL_KINDS
                      if (rows := self.store.drills(1, kind=kind, status="done"))}
-        return StoredNumbers(self.store.ingest_stats(), self.store.drill_counts(), last_done, projections)
+        return StoredNumbers(self.store.ingest_stats(), self.store.drill_counts(), last_done, projections,
+                             self.store.coverage_totals())
 
     def collect(self):
         views = self.board.views.values()
@@ -252,6 +255,15 @@ class StateCollector:
                                 value=self.metrics.last_checkpoint_ts)
         yield from self._ingest()
         yield from self._drills()
+        yield from self._coverage()
+
+    def _coverage(self):
+        c = self.stored.coverage
+        samples = CounterMetricFamily("ftctl_samples", "samples of the global batches committed steps used up, by "
+                                      "outcome (they add up to the samples planned)", labels=["outcome"])
+        for outcome, key in (("trained_once", "once"), ("trained_twice", "twice"), ("skipped", "skipped")):
+            samples.add_metric([outcome], c[key])
+        yield samples
 
     def _ingest(self):
         """What the store counted of each group's events, so a restart keeps the counts."""

@@ -55,10 +55,13 @@ class GroupOut(BaseModel):
     state: Literal["unknown", "starting", "joining", "healing", "training", "down"]
     down_reason: ExitKind | None = Field(None, description="killed, crashed, hung, lost, evicted, quarantined, stopped or finished, "
                                          "when down")
+    down_detail: str | None = Field(None, description="when down, why, as its agent said: a crashed group's last error "
+                                    "line, a hung group's watchdog verdict, …")
     since: float | None = Field(None, description="when the group entered its state")
     step: int | None = Field(None, description="last committed step its rank 0 reported")
-    loss: float | None = Field(None, description="last committed loss; null before any, or when it was not finite")
-    diverged: bool = Field(False, description="the last committed loss was not finite: the training diverged")
+    loss: float | None = Field(None, description="last committed loss of a step that trained samples (its rank 0's "
+                               "mean token loss); null before any, or when it was not finite")
+    diverged: bool = Field(False, description="the last such loss was not finite: the training diverged")
     participants: int | None = None
     quorum_id: int | None = None
     step_s: float | None = None
@@ -260,8 +263,9 @@ class ChaosReport(BaseModel):
     rejoin_delay_s: float
     baseline_s: float
     phase: str = "starting"
-    baseline_rate: float | None = Field(None, description="replica-batches committed per second, failure-free")
-    chaos_rate: float | None = Field(None, description="replica-batches committed per second under chaos")
+    baseline_rate: float | None = Field(None, description="samples trained by committed steps per second, "
+                                        "failure-free (× the sequence length: tokens)")
+    chaos_rate: float | None = Field(None, description="samples trained by committed steps per second under chaos")
     goodput: float | None = Field(None, description="chaos_rate / baseline_rate")
     median_step_s: float | None = None
     baseline_step_s: float | None = Field(None, description="median step time, failure-free")
@@ -370,7 +374,7 @@ class LighthouseReport(BaseModel):
 
 class StragglerReport(BaseModel):
     """What a straggler drill measured. Times are Unix seconds; *_s are durations; throughput in
-    committed replica-batches per second."""
+    samples trained by committed steps per second."""
 
     group: int
     delay_ms: float

@@ -3,8 +3,9 @@
 Phases: ``baseline`` (the job's committed throughput before), ``injected`` (every rank of the
 group sleeps ``delay_ms`` before each forward for ``duration_s``, told through its agent, with
 no restart; the detector in ``stragglers.py`` should flag it, and the straggler policy act),
-``after`` (the throughput once the delay is over). Throughput is committed replica-batches per
-second, as the chaos drill counts it: an evicted group's share of the work is gone from it.
+``after`` (the throughput once the delay is over). Throughput is trained samples per
+second (``throughput.py``), as the chaos drill counts it: with ``--batch-policy constant`` an
+evicted group's share goes to the others, and the throughput says what that costs them.
 The drill may run under another straggler policy than the job's (``policy``), to see what
 eviction would do; the job's comes back when it ends.
 """
@@ -12,7 +13,6 @@ eviction would do; the job's comes back when it ends.
 from __future__ import annotations
 
 import asyncio
-import statistics
 import time
 
 from protocol.events import Event, ProcessEvent, StepEvent, StragglerEvent, speaks_for_group
@@ -21,34 +21,11 @@ from service.controlplane.bus import StoredEvent
 from service.controlplane.drill_context import DrillContext
 from service.controlplane.models import StragglerReport
 from service.controlplane.stragglers import StragglerTracker
+from service.controlplane.throughput import ThroughputMeter
 
 TICK_S = 0.2
 CATCH_UP_S = 2.0
 """After a phase: time for its last step events to reach the control plane."""
-
-
-class ThroughputMeter:
-    """Committed replica-batches over time, from rank 0's step events (any group)."""
-
-    def __init__(self) -> None:
-        self.points: list[tuple[float, int]] = []
-        self.step_s: list[tuple[float, float]] = []
-
-    def observe(self, e: StepEvent) -> None:
-        top = max(self.points[-1][1] if self.points else 0, e.batches_committed)
-        self.points.append((e.ts, top))
-        self.step_s.append((e.ts, e.step_s))
-
-    def rate(self, start: float, end: float) -> float | None:
-        """Replica-batches per second between the first and the last step inside [start, end]."""
-        inside = [p for p in self.points if start <= p[0] <= end]
-        if len(inside) < 2 or inside[-1][0] == inside[0][0]:
-            return None
-        return (inside[-1][1] - inside[0][1]) / (inside[-1][0] - inside[0][0])
-
-    def median_step_s(self, start: float, end: float) -> float | None:
-        inside = [s for ts, s in self.step_s if start <= ts <= end]
-        return statistics.median(inside) if inside else None
 
 
 class StragglerRun:

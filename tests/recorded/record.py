@@ -20,7 +20,7 @@ sys.path.insert(0, str(HERE.parents[1]))
 
 from bench.common import Up  # noqa: E402
 
-SMALL = ["--seq-len=64", "--batch-size=2", "--fingerprint-every=5"]
+SMALL = ["--seq-len=64", "--local-batch-size=1", "--fingerprint-every=5"]
 RUNS = {
     "kill_heal_rejoined_by_drill": dict(groups=2, up={}, drill={"kind": "kill-heal", "group": 1}),
     "kill_heal_failover_to_spare": dict(groups=2, up={"spares": 2, "auto_rejoin_delay_s": 0.0, "join_timeout_ms": 200},
@@ -40,9 +40,9 @@ def events_since(up: Up, after_id: int) -> list[dict]:
 
 
 def stored_body(event: dict) -> dict:
-    """The event as its rank or agent wrote it: without the API's id (and the rank the API lists
-    as null for an agent's process events)."""
-    return {k: v for k, v in event.items() if k != "id" and not (k == "rank" and event["type"] == "process")}
+    """The event as its rank, agent or control plane wrote it: without the API's id (and the rank
+    the API lists as null for an event no rank wrote: a process, straggler or partition event)."""
+    return {k: v for k, v in event.items() if k != "id" and not (k == "rank" and v is None)}
 
 
 def record(name: str, groups: int, up_kwargs: dict, drill: dict) -> None:

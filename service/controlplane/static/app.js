@@ -5,6 +5,7 @@ const NOTABLE = new Set(["process", "heal", "quorum", "commit_failed", "checkpoi
 const SDC_BADGE_S = 600;  // a group's latest gradient-check incident stays on its card this long
 const series = { loss: new Map(), step_s: new Map() };  // group -> [[step, value]]
 const $ = (id) => document.getElementById(id);
+const esc = (text) => String(text).replace(/[&<>"']/g, (c) => `&#${c.charCodeAt(0)};`);
 const tokenInput = $("token");
 tokenInput.value = localStorage.getItem("ftctl-token") || "";
 tokenInput.addEventListener("change", () => localStorage.setItem("ftctl-token", tokenInput.value));
@@ -39,7 +40,7 @@ let dense = false;
 function newCard(group) {
   const card = document.createElement("article");
   card.innerHTML = `<h3><span>group ${group}</span><span class="badge straggler" hidden></span><span class="badge sdc" hidden></span><span class="state"></span></h3><div class="step"></div>
-    <div class="meta"></div><div class="actions"><button class="kill">Kill</button><button class="ghost rejoin">Rejoin</button></div>`;
+    <div class="meta"></div><div class="why" hidden></div><div class="actions"><button class="kill">Kill</button><button class="ghost rejoin">Rejoin</button></div>`;
   card.querySelector(".kill").addEventListener("click", () => command(Number(card.dataset.group), "kill"));
   card.querySelector(".rejoin").addEventListener("click", () => command(Number(card.dataset.group), "rejoin"));
   return card;
@@ -118,6 +119,9 @@ function fillCard(card, g) {
     `${(g.last_heal.bytes / 2 ** 20).toFixed(0)} MiB in ${g.last_heal.fetch_s.toFixed(2)}s, ${age(g.last_heal.ts)} ago` : "no heal yet";
   card.querySelector(".meta").innerHTML =
     `loss ${g.diverged ? '<b class="diverged">NaN: diverged</b>' : g.loss?.toFixed(3) ?? "-"} · ${g.participants ?? "-"} groups · quorum ${g.quorum_id ?? "-"} · ${g.state} for ${age(g.since)}<br>${heal}`;
+  const why = card.querySelector(".why");
+  why.hidden = !g.down_detail;
+  why.textContent = g.down_detail ?? "";
   card.querySelector(".kill").disabled = g.state === "down";
   card.querySelector(".rejoin").disabled = g.state !== "down";
 }
@@ -227,8 +231,22 @@ async function renderDrills() {
   }).join("") || `<div class="dim">none yet</div>`);
 }
 
+function renderData(d) {
+  const bar = $("data");
+  bar.hidden = !d?.job;
+  if (!d?.job) return;
+  const j = d.job;
+  const epochs = d.epochs == null ? "" : ` · ${d.epochs.toPrecision(3)} epochs`;
+  bar.innerHTML = `<b>${esc(j.config)}</b> (${esc(j.model)}, ${j.dtype}) on <b>${esc(j.dataset)}</b> · ` +
+    `batch ${j.global_batch_size} × ${j.seq_len} tokens, ${j.batch_policy} · samples <b>${d.samples_planned.toLocaleString()}</b>${epochs}: ` +
+    `<span class="ok">${d.trained_once.toLocaleString()} once</span>, ` +
+    `<span class="${d.trained_twice ? "bad" : ""}">${d.trained_twice.toLocaleString()} twice</span>, ` +
+    `<span class="${d.skipped ? "warn" : ""}">${d.skipped.toLocaleString()} skipped</span>`;
+}
+
 async function refresh() {
-  const q = await api("GET", "/api/v1/quorum");
+  const [q, d] = await Promise.all([api("GET", "/api/v1/quorum"), api("GET", "/api/v1/data")]);
+  renderData(d);
   if (!q) return;
   renderGroups(q.groups);
   $("quorum").innerHTML = q.lighthouse_reachable

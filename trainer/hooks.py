@@ -1,4 +1,11 @@
-"""Faults a drill injects into this rank at run time (``protocol/injection.py``), without a restart."""
+"""The training loop's drill hooks: where a drill's fault lands in this rank, without a restart.
+
+The loop calls the hooks at fixed points of every step: :meth:`DrillHooks.stall` before the
+forward (a hang, a straggler's delay), :meth:`DrillHooks.corrupt` on each gradient buffer before
+it leaves the rank (silent data corruption, where a bad chip would put it), :attr:`DrillHooks.watched`
+after the check (report the update norms). Each does nothing until a drill writes the group's
+injection file (``protocol/injection.py``): a job nobody drills pays one attribute read per point.
+"""
 
 from __future__ import annotations
 
@@ -15,7 +22,7 @@ POLL_S = 0.1
 """How often the injection file is looked at: a drill's fault lands within a step or two."""
 
 
-class InjectedFaults:
+class DrillHooks:
     """Watches the group's injection file; the training loop asks it for the fault due now."""
 
     def __init__(self, events_dir: Path, group: int):
