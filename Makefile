@@ -11,7 +11,7 @@ STEPS ?= 2000
 # iproute2's ip for the network-namespace hosts of the multi-host tests.
 SYSTEM_TOOLS := prometheus promtool chromium chromedriver ip
 
-.PHONY: setup system-deps up test clean
+.PHONY: setup system-deps up test test-fast clean
 
 setup: $(STAMP)
 
@@ -34,6 +34,10 @@ up: $(STAMP)
 
 test: $(STAMP) system-deps
 	$(PY) -m pytest -q
+
+# the unit tests alone (tests/unit): about a minute, no Chromium, Prometheus or namespaces needed
+test-fast: $(STAMP)
+	$(PY) -m pytest -q tests/unit -m "not prometheus"
 
 clean:
 	rm -rf $(VENV) ftstate .pytest_cache test-artifacts

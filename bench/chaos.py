@@ -2,7 +2,7 @@
 
     python -m bench.chaos --mtbf 30 --duration 300 [--spares [--failover]] [--join-timeout-ms 200]
 
-Starts `ftctl up`, runs one kill-heal drill (so GET /api/v1/goodput has measured times), then
+Starts `ftctl up`, runs one kill-heal drill (so GET /goodput has measured times), then
 the chaos drill, and prints the chaos report and the ledger's answers at 1,024 and 16,384 GPUs.
 """
 
@@ -33,7 +33,7 @@ def main() -> None:
         time.sleep(15)  # the drill itself waits for the warm spares before its failure-free baseline
         chaos = up.drill({"kind": "chaos", "mtbf_s": args.mtbf, "duration_s": args.duration, "seed": args.seed,
                           "rejoin_delay_s": args.rejoin_delay, "baseline_s": args.baseline}, poll_s=1.0)
-        goodput = up.api.get("/api/v1/goodput").json()
+        goodput = up.control.goodput()
     finally:
         up.stop()
     out = write_result("chaos", {**vars(args), "recovery": describe_recovery(args)}, kill_heal=heal, chaos=chaos,

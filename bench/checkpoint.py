@@ -28,13 +28,13 @@ def turn(args, asynchronous: bool) -> dict:
         up.wait_training()
         deadline = time.monotonic() + 300
         while True:
-            saves = [e for e in up.api.get("/api/v1/events", params={"type": "checkpoint", "group": 0, "limit": 1000})
-                     .json()["events"] if e["rank"] == 0 and e["action"] == "saved"]
+            saves = [e for e in up.control.events(group=0, type="checkpoint", limit=1000)
+                     if e["rank"] == 0 and e["action"] == "saved"]
             if len(saves) >= args.saves or time.monotonic() > deadline:
                 break
             time.sleep(1)
-        steps = [e for e in up.api.get("/api/v1/events", params={"type": "step", "group": 0, "limit": 1000})
-                 .json()["events"] if e["rank"] == 0 and e["committed"] and e["step"] > args.every]
+        steps = [e for e in up.control.events(group=0, type="step", limit=1000)
+                 if e["rank"] == 0 and e["committed"] and e["step"] > args.every]
     finally:
         up.stop()
     plain = [e["step_s"] for e in steps if e["checkpoint_stall_s"] == 0]

@@ -86,6 +86,7 @@ def main() -> int:
         counter.step += 1
         step_s = time.perf_counter() - start
         sink.emit(StepEvent, step=counter.step, committed=True, data_step=counter.step - 1,
+                  global_batch=training.plan.global_batch, step_samples=training.plan.global_batch, consumed=True,
                   sample_start=share.start, samples=len(share), tokens=len(share) * training.seq_len, loss=loss,
                   lr=training.live.lr(), step_s=step_s, compute_s=step_s, allreduce_s=0.0, commit_s=0.0, quorum_id=0,
                   participants=cfg.groups, participating=True, healed=False,

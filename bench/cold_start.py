@@ -21,6 +21,7 @@ from pathlib import Path
 import psutil
 
 from bench.common import Up, job_parser, spread, write_result
+from protocol.layout import GroupLayout
 from protocol import defaults
 from protocol.files import read_model
 from protocol.zygote import READY_LINE
@@ -44,8 +45,7 @@ def cold_rejoins(args) -> list[dict]:
             time.sleep(args.settle_s)
             drill = up.drill({"kind": "kill-heal", "group": args.group})
             r = drill["report"]
-            starts = up.api.get("/api/v1/events", params={
-                "group": args.group, "type": "start", "since": r.get("rejoined_at") or 0, "limit": 100}).json()["events"]
+            starts = up.control.events(group=args.group, type="start", since=r.get("rejoined_at") or 0, limit=100)
             runs.append({"status": drill["status"], "report": r, "start_events": starts})
             print(f"cold rejoin {i + 1}/{args.repeats}: {drill['status']} rejoin → healed commit "
                   f"{r.get('rejoin_to_healed_commit_s')} s, fingerprints equal {r.get('fingerprints_equal')}", flush=True)
@@ -69,13 +69,13 @@ def spare_rebuilds(args) -> tuple[list[dict], float | None]:
     state = Path(tempfile.mkdtemp(prefix="ftbench-spare-")) / "state"
     up = Up(state, args.groups, args.ranks_per_group, trainer_args(args), args.heartbeat_timeout_ms,
             spares=args.groups, zygote=args.zygote)
-    pid_file = state / "run" / f"group{args.group}.spare.pid"
+    pid_file = state / "run" / GroupLayout(args.group).spare_pid
     runs, zygote_ready_s = [], None
     try:
         up.wait_training()
         up.wait_spares_ready([args.group])
         if args.zygote:
-            lines = [line for line in (state / "logs" / f"group{args.group}.log").read_text().splitlines()
+            lines = [line for line in (state / "logs" / GroupLayout(args.group).log).read_text().splitlines()
                      if line.startswith(f"{READY_LINE} in ")]
             zygote_ready_s = float(lines[0].split()[3].rstrip("s")) if lines else None
         for i in range(args.repeats):
@@ -89,7 +89,7 @@ def spare_rebuilds(args) -> tuple[list[dict], float | None]:
             if record is None:
                 raise TimeoutError("the agent started no new spare")
             root, seen = psutil.Process(record.pid), {}
-            while up.api.get(f"/api/v1/groups/{args.group}/agent").json()["spare"] != "ready":
+            while up.control.agent_status(args.group)["spare"] != "ready":
                 tree_cpu_s(root, seen)
                 time.sleep(0.05)
             tree_cpu_s(root, seen)

@@ -12,11 +12,10 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
-
 from protocol import defaults
-from service.proctree import end_tree
 from protocol.torchrun import free_port
+from service.client import ApiError, ControlPlane
+from service.proctree import end_tree
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
@@ -80,7 +79,7 @@ def spread(values: list[float]) -> str:
 
 
 class Up:
-    """`ftctl up` as a subprocess, with an httpx client on its API."""
+    """`ftctl up` as a subprocess, with a client on its API (``control``)."""
 
     def __init__(self, state_dir: Path, groups: int, ranks_per_group: int, trainer_args: list[str],
                  heartbeat_timeout_ms: int = defaults.HEARTBEAT_TIMEOUT_MS, spares: int = 0,
@@ -100,8 +99,7 @@ class Up:
              *[f"--trainer-arg={a}" for a in trainer_args]],
             cwd=REPO, env={**os.environ, "FTCTL_TOKEN": TOKEN}, stdout=self.log, stderr=subprocess.STDOUT,
             start_new_session=True)
-        self.api = httpx.Client(base_url=f"http://127.0.0.1:{self.port}", timeout=60,
-                                headers={"Authorization": f"Bearer {TOKEN}"})
+        self.control = ControlPlane.at(f"http://127.0.0.1:{self.port}", TOKEN, timeout=60)
 
     def wait_training(self, timeout_s: float = 300) -> None:
         deadline = time.monotonic() + timeout_s
@@ -111,9 +109,9 @@ class Up:
                 tail = (self.state_dir.parent / f"{self.state_dir.name}-ftctl.log").read_text(errors="replace")
                 raise RuntimeError(f"ftctl up exited with {self.proc.returncode}: {tail.strip().splitlines()[-1:]}")
             try:
-                if {g["state"] for g in self.api.get("/api/v1/groups").json()} == {"training"}:
+                if {g["state"] for g in self.control.groups()} == {"training"}:
                     return
-            except httpx.HTTPError:
+            except ApiError:
                 pass
             time.sleep(0.5)
         raise TimeoutError("groups did not all reach training")
@@ -122,23 +120,19 @@ class Up:
         """Until these groups' warm spares are ready: a spare still building slows the training
         on the same CPUs, so a measurement started before would not be of the steady state."""
         deadline = time.monotonic() + timeout_s
-        while any(self.api.get(f"/api/v1/groups/{g}/agent").json()["spare"] != "ready" for g in groups):
+        while any(self.control.agent_status(g)["spare"] != "ready" for g in groups):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the warm spares of groups {groups} were not ready within {timeout_s:.0f}s")
             time.sleep(1)
 
     def drill(self, body: dict, poll_s: float = 0.5) -> dict:
         """Start a drill and wait for its report."""
-        drill = self.api.post("/api/v1/drills", json=body).json()
-        while drill["status"] == "running":
-            time.sleep(poll_s)
-            drill = self.api.get(f"/api/v1/drills/{drill['id']}").json()
-        return drill
+        return self.control.run_drill(body, poll_s)
 
     def stop(self) -> None:
         """Stop `ftctl up` as Ctrl-C does (it stops its services in order), then whatever is left."""
         try:
             end_tree(self.proc, STOP_GRACE_S)
         finally:
-            self.api.close()
+            self.control.close()
             self.log.close()

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from protocol.events import StepEvent
+
 SEQ_LEN = 128
 LOCAL_BATCH = 2
 
@@ -18,6 +20,11 @@ def step_fields(step: int, participants: int = 1, **overrides: Any) -> dict[str,
                   lr=1e-3, step_s=0.3, compute_s=0.2, allreduce_s=0.05, commit_s=0.05, quorum_id=1,
                   participants=participants, participating=True, healed=False, batches_committed=step * participants)
     return {**fields, **overrides}
+
+
+def step_event(group: int, step: int, ts: float, participants: int = 1, rank: int = 0, **overrides: Any) -> StepEvent:
+    """Rank ``rank`` of ``group`` reports committed step ``step`` at ``ts`` (:func:`step_fields`)."""
+    return StepEvent(group=group, rank=rank, ts=ts, **step_fields(step, participants, **overrides))
 
 
 def start_fields(**overrides: Any) -> dict[str, Any]:

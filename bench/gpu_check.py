@@ -37,7 +37,7 @@ def gpu() -> str:
 
 
 def steps(up: Up, since: float) -> list[dict]:
-    events = up.api.get("/api/v1/events", params={"type": "step", "since": since, "limit": 1000}).json()["events"]
+    events = up.control.events(type="step", since=since, limit=1000)
     return [e for e in events if e["rank"] == 0 and e["committed"] and e["participants"] == 2 and e["samples"]]
 
 
@@ -67,15 +67,15 @@ def main() -> None:
         measured = steps(up, measured_from)
         result["step_s"] = statistics.median(e["step_s"] for e in measured)
         result["tokens_per_s"] = sum(e["tokens"] for e in measured) / sum(e["step_s"] for e in measured) * 2
-        result["start"] = up.api.get("/api/v1/events", params={"type": "start", "limit": 4}).json()["events"]
+        result["start"] = up.control.events(type="start", limit=4)
         result["drills"] = []
         for body in DRILLS:
             up.wait_training(timeout_s=240)
             drill = up.drill(body)
             result["drills"].append(drill)
             print(f"{body['kind']}: {drill['status']}, fingerprints equal {drill['fingerprints_equal']}", flush=True)
-        result["data"] = up.api.get("/api/v1/data").json()
-        result["heals"] = up.api.get("/api/v1/events", params={"type": "heal", "limit": 100}).json()["events"]
+        result["data"] = up.control.data()
+        result["heals"] = up.control.events(type="heal", limit=100)
     except Exception as err:  # noqa: BLE001  what ran so far is written, with why it stopped
         result["error"] = f"{type(err).__name__}: {err}"
         raise

@@ -12,7 +12,7 @@ committed step event per step at
 ``--steps-per-s``, and a quorum event whenever the simulated quorum changes. It answers the
 agent API's status for every group, so the control plane's liveness checks find them there.
 
-While it runs, the bench reads ``/api/v1/groups`` and ``/api/v1/quorum`` every ``--poll-s`` (as
+While it runs, the bench reads ``GET /groups`` and ``/quorum`` every ``--poll-s`` (as
 the page does every second) and ``/metrics`` every ``--scrape-every-s`` (as Prometheus does,
 every 15 s by default there), and reports:
 
@@ -20,7 +20,7 @@ every 15 s by default there), and reports:
   agent until its next post: at most ``--post-interval-s``);
 - the batches the control plane answered, refused as overloaded (503) and failed, and the time to
   each answer;
-- latency of ``/api/v1/groups`` and ``/api/v1/quorum``; size, series and time of ``/metrics``;
+- latency of ``/groups`` and ``/quorum``; size, series and time of ``/metrics``;
 - the control plane's CPU and resident memory, and the load process's CPU;
 - with ``--page``, after the window and under the same load: the time until Chromium shows every
   group on the page.
@@ -51,9 +51,10 @@ from websockets.asyncio.client import connect as ws_connect
 
 from bench.events import start_fields, step_fields
 from bench.common import TOKEN, write_result
-from bench.scale import (cpu_cores, cpu_seconds, fmt, ingest_lag, measure_each, page_seconds, series_count, summary,
-                         timed_get)
+from bench.scale import (API_READS, cpu_cores, cpu_seconds, fmt, ingest_lag, measure_each, page_seconds, series_count,
+                         summary, timed_get)
 from bench.simulated import SimJob, SimShape, parse_groups
+from protocol import api
 from protocol.agent import HEALTH_PATH, STATUS_PATH, AgentStatus
 from protocol.events import ProcessEvent, QuorumEvent, StartEvent, StepEvent
 from protocol.health import Served
@@ -218,14 +219,14 @@ def measure(args: argparse.Namespace, groups: int) -> dict:
         time.sleep(args.settle_s)
         httpx.get(f"{load_url}/stats", params={"reset": True}, timeout=30)
         cpu_before, began, since = cpu_seconds(job), time.monotonic(), time.time()
-        api: dict[str, list[float]] = {"groups": [], "quorum": []}
+        reads: dict[str, list[float]] = {name: [] for name in API_READS}
         metrics: list[tuple[float, int]] = []
         rss = []
         control_plane = psutil.Process(job.procs["controlplane"].pid)
         scraped = 0.0
         while (now := time.monotonic()) - began < args.duration:
-            for name in api:
-                api[name].append(timed_get(job, f"/api/v1/{name}")[0])
+            for name, path in API_READS.items():
+                reads[name].append(timed_get(job, api.url(path))[0])
             if now - scraped >= args.scrape_every_s:
                 seconds, body = timed_get(job, "/metrics")
                 metrics.append((seconds, len(body)))
@@ -242,7 +243,7 @@ def measure(args: argparse.Namespace, groups: int) -> dict:
         "events_per_s": load.events / window, "batches_per_s": load.batches / window,
         "overloaded": load.overloaded, "failed": load.failed, "answer_s": summary(load.answer_s),
         "ingest_lag_s": summary(lag),
-        "api_groups_s": summary(api["groups"]), "api_quorum_s": summary(api["quorum"]),
+        "api_groups_s": summary(reads["groups"]), "api_quorum_s": summary(reads["quorum"]),
         "metrics_s": summary([m[0] for m in metrics]), "metrics_bytes": metrics[-1][1] if metrics else None,
         "metrics_series": series_count(body), "control_plane_rss_bytes": max(rss) if rss else None, "page_s": page_s,
         "cpu_cores": cpu_cores(cpu_before, cpu_after, window),

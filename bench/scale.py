@@ -12,7 +12,7 @@ It reports:
 - quorum latency p50/p99 as the groups see it (request to answer), and failed requests;
 - kill → the first quorum a surviving group receives without the killed replica;
 - ingest lag p50/p99, from an event's timestamp to its row in SQLite;
-- latency of ``GET /api/v1/groups`` and ``/api/v1/quorum``; size, series and time of ``/metrics``;
+- latency of ``GET /groups`` and ``/quorum``; size, series and time of ``/metrics``;
 - time until Chromium shows every group on the page (``--no-page`` skips it);
 - the CPU each process used (core-seconds per second of the window).
 
@@ -32,7 +32,12 @@ import psutil
 
 from bench.common import TOKEN, write_result
 from bench.simulated import SimJob, SimShape
+from protocol import api
+from service.client import ApiError
 from service.proctree import process_tree
+
+API_READS = {"groups": api.GROUPS, "quorum": api.QUORUM}
+"""The reads the page makes every second, timed as raw requests (the answer's bytes, not parsed)."""
 
 
 def pct(values: list[float], q: float) -> float | None:
@@ -110,22 +115,22 @@ def measure(args: argparse.Namespace, groups: int) -> dict:
         time.sleep(args.settle_s)
         job.stats(reset=True)
         cpu_before, began, since = cpu_seconds(job), time.monotonic(), time.time()
-        api = {"groups": [], "quorum": []}
+        reads: dict[str, list[float]] = {name: [] for name in API_READS}
         metrics: list[tuple[float, int]] = []
         kills, rejoins = 0, []
         next_kill = began + args.kill_every if args.kill_every else float("inf")
         while (now := time.monotonic()) - began < args.duration:
-            for name in api:
-                api[name].append(timed_get(job, f"/api/v1/{name}")[0])
+            for name, path in API_READS.items():
+                reads[name].append(timed_get(job, api.url(path))[0])
             seconds, body = timed_get(job, "/metrics")
             metrics.append((seconds, len(body)))
             if now >= next_kill:
                 victim = 1 + (kills * 7) % (groups - 1)
-                job.api.post(f"/api/v1/groups/{victim}/kill").raise_for_status()
+                job.control.kill(victim)
                 rejoins.append((now + args.rejoin_after_s, victim))
                 kills, next_kill = kills + 1, next_kill + args.kill_every
             for due, victim in [r for r in rejoins if r[0] <= now]:
-                job.api.post(f"/api/v1/groups/{victim}/rejoin").raise_for_status()
+                job.control.rejoin(victim)
                 rejoins.remove((due, victim))
             time.sleep(args.poll_s)
         window = time.monotonic() - began
@@ -138,7 +143,7 @@ def measure(args: argparse.Namespace, groups: int) -> dict:
         "quorum_s": summary(stats.quorum_s), "quorum_failures": stats.quorum_failures, "steps": stats.steps,
         "kill_to_reduced_quorum_s": summary(stats.kill_to_reduced_quorum_s),
         "ingest_lag_s": summary(lag),
-        "api_groups_s": summary(api["groups"]), "api_quorum_s": summary(api["quorum"]),
+        "api_groups_s": summary(reads["groups"]), "api_quorum_s": summary(reads["quorum"]),
         "metrics_s": summary([m[0] for m in metrics]), "metrics_bytes": metrics[-1][1] if metrics else None,
         "metrics_series": series_count(body), "page_s": page_s,
         "cpu_cores": cpu_cores(cpu_before, cpu_after, window),
@@ -152,7 +157,7 @@ def measure_each(args: argparse.Namespace, measure, row) -> list[dict]:
     for n in args.groups:
         try:
             r = measure(args, n)
-        except (TimeoutError, httpx.HTTPError) as err:
+        except (TimeoutError, httpx.HTTPError, ApiError) as err:
             runs.append({"groups": n, "error": f"{type(err).__name__}: {err}"})
             print(f"{n:>6} failed: {runs[-1]['error']}", flush=True)
             continue

@@ -57,6 +57,7 @@ from protocol.tokens import group_token, strong_token
 from protocol.torchrun import free_port
 from service.agent.forwarder import EventForwarder
 from service.agent.probe import probe as probe_peers
+from service.client import ApiError, ControlPlane
 from service.proctree import end_tree
 from bench.events import start_fields, step_fields
 from trainer.telemetry import EventSink
@@ -413,7 +414,9 @@ class SimJob:
         self.lighthouse_api = f"http://127.0.0.1:{free_port()}"
         self.procs: dict[str, subprocess.Popen] = {}
         self.host_urls: list[str] = []
+        self.control = ControlPlane.at(self.api_url, token, timeout=30)
         self.api = httpx.Client(base_url=self.api_url, timeout=30, headers={"Authorization": f"Bearer {token}"})
+        """Raw requests with the job's token: ``/metrics``, and what a test checks of the HTTP contract."""
 
     def spawn(self, name: str, argv: list[str]) -> subprocess.Popen:
         (self.state_dir / "logs").mkdir(parents=True, exist_ok=True)
@@ -477,7 +480,7 @@ class SimJob:
         self.stop()
 
     def groups_view(self) -> list[dict]:
-        return self.api.get("/api/v1/groups").json()
+        return self.control.groups()
 
     def wait_training(self, timeout_s: float = 120) -> float:
         """Until every group trains; returns how long that took."""
@@ -487,7 +490,7 @@ class SimJob:
                 views = self.groups_view()
                 if len(views) == self.groups and all(v["state"] == "training" for v in views):
                     return time.monotonic() - began
-            except (httpx.HTTPError, ValueError):
+            except (ApiError, ValueError):
                 pass
             time.sleep(0.5)
         raise TimeoutError(f"the {self.groups} simulated groups did not all train within {timeout_s:.0f}s")
@@ -512,6 +515,7 @@ class SimJob:
         for name in sorted(self.procs, key=lambda n: {"lighthouse": 2, "controlplane": 1}.get(n, 0)):
             end_tree(self.procs[name], STOP_GRACE_S)
         self.procs.clear()
+        self.control.close()
         self.api.close()
 
 

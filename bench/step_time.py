@@ -24,9 +24,9 @@ def measure(groups: int, ranks_per_group: int, steps: int, warmup: int, extra: l
     try:
         up.wait_training()
         target = warmup + steps
-        while min(g["step"] or 0 for g in up.api.get("/api/v1/groups").json()) < target:
+        while min(g["step"] or 0 for g in up.control.groups()) < target:
             time.sleep(1)
-        events = [e for e in up.api.get("/api/v1/events", params={"type": "step", "group": 0, "limit": 1000}).json()["events"]
+        events = [e for e in up.control.events(group=0, type="step", limit=1000)
                   if e["rank"] == 0 and e["committed"] and e["participants"] == groups and e["step"] > warmup]
     finally:
         up.stop()

@@ -95,7 +95,7 @@ def panels() -> list:
         .with_target(query("A", "ftctl_fault_detect_seconds", "{{fault}}: detected"))
         .with_target(query("B", "ftctl_fault_resume_seconds", "{{fault}}: trains again")).unit("s"),
         place(timeseries.Panel(), 15, 0, 38, 24, 6, "Stragglers",
-              "The detector's view (GET /api/v1/stragglers): each group's median compute over its peers' median, "
+              "The detector's view (GET /stragglers): each group's median compute over its peers' median, "
               "and 1 while a group is flagged as a persistent straggler.")
         .with_target(query("A", f"ftctl_straggler_slowdown_ratio{{{G}}}", "slowdown g{{group}}"))
         .with_target(query("B", f"ftctl_straggler{{{G}}}", "flagged g{{group}}")).min(0),

@@ -18,7 +18,7 @@ from typing import Annotated, Literal
 
 from pydantic import AnyHttpUrl, BaseModel, ConfigDict, Field, StringConstraints
 
-from protocol.events import ExitKind
+from protocol.events import ExitKind, ProcessEvent
 
 STATUS_PATH = "/status"
 PROBE_PATH = "/probe"
@@ -72,6 +72,9 @@ class CommandResult(BaseModel):
     pids: list[int] = Field([], description="the processes the action signalled or started")
     already_running: bool = Field(
         False, description="rejoin only: the group was running already (its agent had restarted it)")
+    event: ProcessEvent | None = Field(
+        None, description="the process event the command caused (killed, evicted, started, stopped), as the agent's "
+        "forwarder also sends it: same eid")
     status: AgentStatus
 
 

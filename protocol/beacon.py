@@ -35,9 +35,5 @@ class Beacon(BaseModel):
                              "thread was runnable but waiting for a CPU (Linux schedstat; 0 where it is not kept)")
 
 
-def beacon_file_name(group: int, rank: int) -> str:
-    return f"g{group}-r{rank}.beacon"
-
-
 def read_beacon(path: Path) -> Beacon | None:
     return read_model(path, Beacon)

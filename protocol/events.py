@@ -1,6 +1,6 @@
 """The trainer's event schema: one JSON object per line, one file per rank.
 
-Every rank writes ``{events_dir}/g{group}-r{rank}.jsonl``; the group's agent tails those files
+Every rank writes ``{events_dir}/g{group}-r{rank}.jsonl`` (``protocol/layout.py``); the group's agent tails those files
 and forwards the events to the control plane. This module is the single definition of that
 stream: the trainer builds these models, the agent and the control plane parse them with
 :data:`EVENT_ADAPTER`. Times are Unix seconds (``ts``) or durations in seconds (``*_s``).
@@ -103,6 +103,7 @@ class StartEvent(BaseEvent):
     local_batch_size: Count = Field(description="samples a rank computes at once (a microbatch)")
     global_batch_size: Count = Field(description="samples a committed step trains over every group")
     batch_policy: Literal["constant", "shrink"]
+    steps: Count | None = Field(None, description="the step the job trains to (--steps); null from older trainers")
     parameters: Count = Field(description="model parameters (whole model, not the local shard)")
     imports_s: Seconds = Field(description="process start until torch and torchft are imported")
     process_group_s: Seconds = Field(description="intra-group process group and device mesh")
@@ -311,20 +312,6 @@ EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
 EVENT_TYPES: tuple[str, ...] = tuple(get_args(m.model_fields["type"].annotation)[0]
                                      for m in get_args(get_args(Event)[0]))
 EventType = Literal[EVENT_TYPES]  # type: ignore[valid-type]
-
-
-def events_file_name(group: int, rank: int) -> str:
-    return f"g{group}-r{rank}.jsonl"
-
-
-def agent_events_file_name(group: int) -> str:
-    """Where a group's agent writes its own (process) events, beside its ranks' files."""
-    return f"g{group}-agent.jsonl"
-
-
-def events_file_glob(group: int) -> str:
-    """Every events file of the group: its ranks' and its agent's."""
-    return f"g{group}-*.jsonl"
 
 
 class EventIds:

@@ -20,27 +20,26 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-INGEST_PREFIX = "/api/v1/ingest/"
+from protocol import api
+
+Transport = Literal["stream", "post"]
 
 
 def ingest_path(group: int) -> str:
     """Where group ``group``'s agent posts: its own path, so its token is checked before the body is read."""
-    return f"{INGEST_PREFIX}{group}"
-
-
-STREAM_SUFFIX = "/stream"
-Transport = Literal["stream", "post"]
+    return api.url(api.INGEST, group=group)
 
 
 def ingest_stream_path(group: int) -> str:
     """Where group ``group``'s agent opens its stream (a WebSocket), with its group's token."""
-    return f"{ingest_path(group)}{STREAM_SUFFIX}"
+    return api.url(api.INGEST_STREAM, group=group)
 
 
 def ingest_group(path: str) -> int | None:
     """The group an ingest path or stream path is for (None: neither)."""
-    tail = path.removeprefix(INGEST_PREFIX).removesuffix(STREAM_SUFFIX)
-    return int(tail) if path.startswith(INGEST_PREFIX) and tail.isdigit() and len(tail) < 19 else None
+    prefix, suffix = api.url(api.INGEST, group=""), api.INGEST_STREAM.removeprefix(api.INGEST)
+    tail = path.removeprefix(prefix).removesuffix(suffix)
+    return int(tail) if path.startswith(prefix) and tail.isdigit() and len(tail) < 19 else None
 MAX_BATCH_EVENTS = 10_000
 """The most events one POST may carry: a batch stays well under a second to store."""
 MAX_REASONS = 5

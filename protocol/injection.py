@@ -77,9 +77,5 @@ class Injection(BaseModel):
     persistent: bool = False
 
 
-def injection_file_name(group: int) -> str:
-    return f"g{group}.inject"
-
-
 def read_injection(path: Path) -> Injection | None:
     return read_model(path, Injection)

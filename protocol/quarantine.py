@@ -13,6 +13,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
+from protocol.layout import GroupLayout
 from protocol.files import read_model
 
 
@@ -22,7 +23,7 @@ class Quarantine(BaseModel):
 
 
 def quarantine_file(events_dir: Path, group: int) -> Path:
-    return events_dir / f"g{group}.quarantine"
+    return events_dir / GroupLayout(group).quarantine
 
 
 def take_quarantine(events_dir: Path, group: int) -> Quarantine | None:

@@ -14,21 +14,21 @@ from __future__ import annotations
 
 from pydantic import AnyHttpUrl, BaseModel, Field
 
+from protocol import api
 from protocol.events import Count
 
-AGENTS_PATH = "/api/v1/agents"
 RENEW_EVERY_S = 30.0
 """An agent registers again this often, so a control plane that lost its store learns it back."""
 
 
 def agent_path(group: int) -> str:
     """Where group ``group``'s agent registers: its own path, so its token is checked before the body is read."""
-    return f"{AGENTS_PATH}/{group}"
+    return api.url(api.AGENT, group=group)
 
 
 def agent_group(path: str) -> int | None:
     """The group a registration path is for (None: no registration path)."""
-    tail = path.removeprefix(f"{AGENTS_PATH}/")
+    tail = path.removeprefix(api.url(api.AGENT, group=""))
     return int(tail) if tail != path and tail.isdigit() and len(tail) < 19 else None
 
 

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Iterator
+from protocol.layout import GroupLayout
 
 
 def promotion_file(run_dir: Path, group: int, generation: int) -> Path:
-    return run_dir / f"group{group}.promote.{generation}"
+    return run_dir / GroupLayout(group).promotion(generation)
 
 
 def readiness_file(promotion: Path, rank: int) -> Path:
@@ -22,6 +23,6 @@ def readiness_file(promotion: Path, rank: int) -> Path:
 
 def spare_files(run_dir: Path, group: int) -> Iterator[tuple[int | None, Path]]:
     """Every promotion and readiness file of ``group`` with its generation (None: unreadable)."""
-    for path in run_dir.glob(f"group{group}.promote.*"):
+    for path in run_dir.glob(GroupLayout(group).promotion_glob):
         generation = path.name.split(".")[2]
         yield (int(generation) if generation.isdigit() else None), path

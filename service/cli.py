@@ -7,10 +7,7 @@ import os
 import signal
 import sys
 import time
-from pathlib import Path
-from typing import Literal
 
-import httpx
 from pydantic import AliasChoices, BaseModel, Field
 from pydantic_settings import BaseSettings, CliPositionalArg, CliSubCommand, SettingsConfigDict
 from rich.console import Console
@@ -20,7 +17,9 @@ from rich.text import Text
 
 from protocol.settings import fail, parse_settings
 from protocol.tokens import new_token, token_problem
-from service.client import CONNECTION_FILE, DEFAULT_API, DEFAULT_STATE_DIR, ApiError, Connection
+from service.client import CONNECTION_FILE, ApiError, ApiFlags, Connection, ControlPlane
+from service.controlplane.drills import DRILLS
+from service.drill_command import DrillCommand
 from service.launcher import LocalJob, StartupError, StateLock, UpSettings
 from service.view import cluster_view, drill_table
 
@@ -37,18 +36,6 @@ DRILL_POLL_S = 0.5
 """How often a running drill's report is read while the terminal shows its phase."""
 
 
-class ApiFlags(BaseModel):
-    """Where the control plane is: flags, then FTCTL_API / FTCTL_TOKEN, then what `ftctl up` saved."""
-
-    api: str | None = Field(None, description=f"control-plane URL (env FTCTL_API; default: what `ftctl up` saved, "
-                            f"else {DEFAULT_API})")
-    token: str | None = Field(None, description="bearer token (env FTCTL_TOKEN; default: what `ftctl up` saved)")
-    state_dir: Path = Field(DEFAULT_STATE_DIR, description="where `ftctl up` keeps its state")
-
-    def connection(self) -> Connection:
-        return Connection.resolve(self.api, self.token, self.state_dir)
-
-
 class StatusCommand(ApiFlags):
     as_json: bool = Field(False, validation_alias=AliasChoices("json"), description="print the API's JSON")
 
@@ -57,83 +44,13 @@ class GroupCommand(ApiFlags):
     group: CliPositionalArg[int] = Field(description="the replica group")
 
 
-class DrillCommand(ApiFlags):
-    kind: CliPositionalArg[Literal["kill-heal", "hang", "lighthouse", "chaos", "straggler", "corrupt", "partition"]] = (
-        Field(description="kill-heal, hang, lighthouse, chaos, straggler, corrupt or partition"))
-    group: int | None = Field(None, ge=0, description="kill-heal, hang, straggler, corrupt: the group to fault")
-    rank: int | None = Field(None, ge=0, description="hang: only this rank (default: every rank of the group); "
-                             "corrupt: the rank whose gradient is corrupted (default 0)")
-    mode: Literal["stop", "stuck"] = Field("stop", description="hang: stop (SIGSTOP the ranks) or stuck (a rank "
-                                           "sleeps inside its step)")
-    down: float = Field(0.0, ge=0, description="lighthouse: seconds to keep it down (default: the wrapper's "
-                        "restart delay)")
-    cut: str | None = Field(None, description="partition: G1,G2, two groups whose hosts stop reaching each other")
-    isolate: int | None = Field(None, ge=0, description="partition: the group whose host stops reaching the whole job")
-    timeout: float | None = Field(None, gt=0, description="kill-heal, hang, lighthouse, corrupt, partition: seconds "
-                                  "per phase (default: the control plane's)")
-    mtbf: float = Field(30.0, gt=0, description="chaos: mean seconds between kills")
-    duration: float | None = Field(None, gt=0, description="chaos: seconds of chaos (default 120); straggler: "
-                                   "seconds the group stays slow (default 30); partition: seconds the cut lasts "
-                                   "(default 20)")
-    delay_ms: float = Field(30.0, gt=0, description="straggler: the sleep before every forward")
-    policy: Literal["flag", "evict"] | None = Field(None, description="straggler: the straggler policy while it "
-                                                    "runs (default: the job's)")
-    scale: float = Field(1e4, description="corrupt: the factor one gradient element is multiplied by")
-    persistent: bool = Field(False, description="corrupt: every step, as a bad chip would (default: once)")
-    seed: int = Field(0, description="chaos: random seed (same seed, same kills)")
-    rejoin_delay: float | None = Field(None, ge=0, description="chaos: seconds before a killed group rejoins "
-                                       "(default: the control plane's)")
-    baseline: float | None = Field(None, gt=0, description="chaos: failure-free seconds measured first "
-                                   "(default: the control plane's)")
-    as_json: bool = Field(False, validation_alias=AliasChoices("json"), description="print the report's JSON")
-
-    def body(self) -> dict:
-        if self.kind == "straggler":
-            if self.group is None:
-                raise ApiError("drill straggler needs --group G")
-            fields = {"group": self.group, "delay_ms": self.delay_ms, "duration_s": self.duration,
-                      "policy": self.policy}
-        elif self.kind == "corrupt":
-            if self.group is None:
-                raise ApiError("drill corrupt needs --group G")
-            fields = {"group": self.group, "rank": self.rank, "scale": self.scale, "persistent": self.persistent,
-                      "timeout_s": self.timeout}
-        elif self.kind in ("kill-heal", "hang"):
-            if self.group is None:
-                raise ApiError(f"drill {self.kind} needs --group G")
-            fields = {"group": self.group, "timeout_s": self.timeout}
-            if self.kind == "hang":
-                fields |= {"rank": self.rank, "mode": self.mode}
-        elif self.kind == "partition":
-            fields = {"cut": self._pair(), "isolate": self.isolate, "duration_s": self.duration,
-                      "timeout_s": self.timeout}
-        elif self.kind == "lighthouse":
-            fields = {"down_s": self.down, "timeout_s": self.timeout}
-        else:
-            fields = {"mtbf_s": self.mtbf, "duration_s": self.duration or 120.0, "seed": self.seed,
-                      "rejoin_delay_s": self.rejoin_delay, "baseline_s": self.baseline}
-        return {"kind": self.kind, **{k: v for k, v in fields.items() if v is not None}}
-
-    def _pair(self) -> list[int] | None:
-        if (self.cut is None) == (self.isolate is None):
-            raise ApiError("drill partition needs --cut G1,G2 or --isolate G (one of them)")
-        if self.cut is None:
-            return None
-        try:
-            pair = [int(g) for g in self.cut.split(",")]
-        except ValueError:
-            pair = []
-        if len(pair) != 2 or min(pair) < 0:
-            raise ApiError(f"--cut takes two group numbers, as 1,2; not {self.cut!r}")
-        return pair
-
-
 class EventsCommand(ApiFlags):
     follow: bool = Field(False, validation_alias=AliasChoices("f", "follow"), description="stream new events")
     group: int | None = Field(None, ge=0, description="only this group's events")
     type: str | None = Field(None, description="only events of this type")
     limit: int = Field(50, ge=1, le=1000, description="stored events printed first")
     since: float | None = Field(None, gt=0, description="only the last N seconds")
+    as_json: bool = Field(False, validation_alias=AliasChoices("json"), description="one JSON object per line")
 
 
 class LedgerCommand(BaseModel):
@@ -206,7 +123,7 @@ def _run_job(cfg: UpSettings, job: LocalJob) -> int:
     header = (f"API  [bold]{cfg.api}[/]  (docs {cfg.api}/docs)   Lighthouse {job.lighthouse_url}\n"
               f"token [bold]{token}[/]   state {cfg.state_dir}/   Ctrl-C stops everything")
     console.print(header.replace("[bold]", "").replace("[/]", ""))
-    conn = Connection(cfg.api, job.token)
+    control = ControlPlane(Connection(cfg.api, job.token))
     code = 0
     try:
         with Live(console=console, refresh_per_second=2, transient=False) as live:
@@ -214,8 +131,8 @@ def _run_job(cfg: UpSettings, job: LocalJob) -> int:
                 for name in job.revive():
                     console.print(f"[yellow]{name} had exited; restarted it[/]")
                 try:
-                    quorum = conn.call("GET", "/api/v1/quorum")
-                    live.update(cluster_view(quorum, header, conn.call("GET", "/api/v1/data")))
+                    quorum = control.quorum()
+                    live.update(cluster_view(quorum, header, control.data(), console.width))
                     if all(g["down_reason"] == "finished" for g in quorum["groups"]):
                         console.print(f"all groups finished {cfg.steps} steps")
                         break
@@ -223,6 +140,7 @@ def _run_job(cfg: UpSettings, job: LocalJob) -> int:
                     live.update(Text(str(err), style="red"))
                 time.sleep(cfg.refresh)
     finally:
+        control.close()
         with console.status("stopping the agents (each stops its group), the control plane, the Lighthouse…"):
             left = job.stop()
         if left:
@@ -234,17 +152,18 @@ def _run_job(cfg: UpSettings, job: LocalJob) -> int:
 
 
 def cmd_status(cmd: StatusCommand) -> int:
-    conn = cmd.connection()
-    quorum, data = conn.call("GET", "/api/v1/quorum"), conn.call("GET", "/api/v1/data")
+    with cmd.control_plane() as control:
+        quorum, data = control.quorum(), control.data()
     if cmd.as_json:
         print(json.dumps({**quorum, "data": data}, indent=2))
     else:
-        console.print(cluster_view(quorum, data=data))
+        console.print(cluster_view(quorum, data=data, width=console.width))
     return 0
 
 
 def cmd_group_action(cmd: GroupCommand, action: str) -> int:
-    result = cmd.connection().call("POST", f"/api/v1/groups/{cmd.group}/{action}")
+    with cmd.control_plane() as control:
+        result = getattr(control, action)(cmd.group)
     state = result["group_state"]
     console.print(f"group {cmd.group}: {action} done; now {state['state']}"
                   + (f" ({state['down_reason']})" if state.get("down_reason") else ""))
@@ -252,13 +171,10 @@ def cmd_group_action(cmd: GroupCommand, action: str) -> int:
 
 
 def cmd_drill(cmd: DrillCommand) -> int:
-    conn = cmd.connection()
-    drill = conn.call("POST", "/api/v1/drills", json=cmd.body())
-    with console.status(f"drill {drill['id']}: {drill['report']['phase']}") as status:
-        while drill["status"] == "running":
-            time.sleep(DRILL_POLL_S)
-            drill = conn.call("GET", f"/api/v1/drills/{drill['id']}")
-            status.update(f"drill {drill['id']}: {drill['report']['phase']}…")
+    body = cmd.body()
+    with cmd.control_plane() as control, console.status(f"drill {cmd.kind}: starting") as status:
+        drill = control.run_drill(body, DRILL_POLL_S,
+                                  on_phase=lambda d: status.update(f"drill {d['id']}: {d['report']['phase']}…"))
     if cmd.as_json:
         print(json.dumps(drill, indent=2))
     else:
@@ -266,30 +182,9 @@ def cmd_drill(cmd: DrillCommand) -> int:
     if drill["status"] != "done":
         error(f"drill {drill['id']} failed: {drill['error']}")
         return 1
-    if cmd.kind == "straggler":
-        r = drill["report"]
-        if r.get("ended"):
-            error(f"drill {drill['id']}: group {r['group']} went down during it ({r['ended']}); "
-                  "a delay over the hang watchdog's step bound is a hang, not a straggler: use a "
-                  "shorter --delay-ms")
-            return 1
-        if r["detected_group"] != r["group"]:
-            found = "nobody" if r["detected_group"] is None else f"group {r['detected_group']}"
-            error(f"drill {drill['id']}: the detector flagged {found}, not group {r['group']}; "
-                  "a delay too short for --straggler-factor is not a straggler (try a longer --delay-ms)")
-            return 1
-    elif cmd.kind == "corrupt":
-        r = drill["report"]
-        if r["sdc_check"] and r["detected_group"] != r["group"]:
-            found = "nobody" if r["detected_group"] is None else f"group {r['detected_group']}"
-            error(f"drill {drill['id']}: the gradient check flagged {found}, not group "
-                  f"{r['group']}; a --scale this small may hide in the norm: try a larger one")
-            return 1
-        if not drill["fingerprints_equal"]:
-            error(f"drill {drill['id']}: groups hold different state afterwards")
-            return 1
-    elif cmd.kind != "chaos" and not drill["fingerprints_equal"]:
-        error(f"drill {drill['id']}: groups hold different state after the heal")
+    problem = DRILLS[drill["kind"]].problem(drill["report"])
+    if problem:
+        error(f"drill {drill['id']}: {problem}")
         return 1
     return 0
 
@@ -303,24 +198,17 @@ def _print_event(event: dict) -> None:
 
 
 def cmd_events(cmd: EventsCommand) -> int:
-    conn = cmd.connection()
-    params = {k: v for k, v in (("group", cmd.group), ("type", cmd.type)) if v is not None}
-    page = conn.call("GET", "/api/v1/events", params={**params, "limit": cmd.limit,
-                                                      **({"since": time.time() - cmd.since} if cmd.since else {})})
-    for event in page["events"]:
-        _print_event(event)
-    if not cmd.follow:
-        return 0
-    try:
-        with conn.client(timeout=None) as c, c.stream("GET", "/api/v1/events/stream", params=params) as response:
-            response.raise_for_status()
-            for line in response.iter_lines():
-                if line.startswith("data: "):
-                    _print_event(json.loads(line[6:]))
-    except httpx.HTTPError as err:
-        raise ApiError(f"the event stream from {conn.api} ended: {err}") from None
-    except KeyboardInterrupt:
-        pass
+    show = (lambda event: print(json.dumps(event), flush=True)) if cmd.as_json else _print_event
+    with cmd.control_plane() as control:
+        for event in control.events(cmd.group, cmd.type, time.time() - cmd.since if cmd.since else None, cmd.limit):
+            show(event)
+        if not cmd.follow:
+            return 0
+        try:
+            for event in control.stream_events(cmd.group, cmd.type):
+                show(event)
+        except KeyboardInterrupt:
+            pass
     return 0
 
 

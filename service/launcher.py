@@ -31,7 +31,8 @@ from pydantic import Field
 from protocol import defaults
 from protocol.job import JobSettings
 from protocol.agent import HEALTH_PATH as AGENT_HEALTH_PATH
-from protocol.registration import AGENTS_PATH, AgentList
+from protocol import api
+from protocol.registration import AgentList
 from protocol.lifetime import die_with_parent
 from protocol.lighthouse import HEALTH_PATH as LIGHTHOUSE_HEALTH_PATH
 from protocol.tokens import TOKEN_VARIABLES, group_token
@@ -209,7 +210,7 @@ class LocalJob:
         missing: set[int] = set(range(groups))
         while time.monotonic() < deadline:
             try:
-                listed = AgentList.model_validate(httpx.get(f"{self.cfg.api}{AGENTS_PATH}", timeout=PROBE_TIMEOUT_S).json())
+                listed = AgentList.model_validate(httpx.get(self.cfg.api + api.url(api.AGENTS), timeout=PROBE_TIMEOUT_S).json())
                 missing = set(range(groups)) - {a.group for a in listed.agents}
             except (httpx.HTTPError, ValueError):
                 pass

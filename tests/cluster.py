@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from protocol.layout import GroupLayout
 from service.proctree import end_tree, signal_tree, wait_gone
 
 REPO = Path(__file__).resolve().parents[1]
@@ -20,7 +21,7 @@ REPO = Path(__file__).resolve().parents[1]
 def read_events(events_dir: Path, group: int | None = None) -> list[dict]:
     """Every event of every rank (or of one group), in file order per rank."""
     events = []
-    pattern = "*.jsonl" if group is None else f"g{group}-r*.jsonl"
+    pattern = "*.jsonl" if group is None else GroupLayout(group).rank_events("*")
     for path in sorted(events_dir.glob(pattern)):
         for line in path.read_text().splitlines():
             if line.strip():

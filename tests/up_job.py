@@ -19,6 +19,7 @@ from cluster import REPO, wait_for
 from processes import Owner
 from protocol.tokens import group_token
 from protocol.torchrun import free_port
+from service.client import ApiError, ControlPlane
 
 TOKEN = "e2e-token-0123456789abcdef"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -32,7 +33,11 @@ def agent_auth(group: int) -> dict[str, str]:
 @dataclass
 class UpJob:
     proc: subprocess.Popen
+    control: ControlPlane
+    """The REST API's client, with the job's token: what the tests drive the job with."""
     api: httpx.Client
+    """Raw requests without a token: the HTTP contract itself (``/metrics``, the page, what an
+    anonymous read reveals)."""
     state: Path
     log: Path
     started: float = field(default_factory=time.time)
@@ -60,20 +65,22 @@ def ftctl_up(tmp: Path, *args: str, groups: int = 2, ranks_per_group: int = 2, s
              *job, *args],
             cwd=REPO, env=owner.env(FTCTL_TOKEN=TOKEN, COLUMNS="150"), stdout=out, stderr=subprocess.STDOUT,
             start_new_session=True)
-    api = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30)
+    url = f"http://127.0.0.1:{port}"
+    api, control = httpx.Client(base_url=url, timeout=30), ControlPlane.at(url, TOKEN, timeout=30)
     try:
         wait_for(lambda: (state / "connection.json").exists(), 120, "ftctl up to start its services")
-        yield UpJob(proc, api, state, log)
+        yield UpJob(proc, control, api, state, log)
     finally:
         owner.end()
         proc.wait()
+        control.close()
         api.close()
 
 
-def groups(api: httpx.Client) -> dict[int, dict]:
+def groups(control: ControlPlane) -> dict[int, dict]:
     try:
-        return {g["group"]: g for g in api.get("/api/v1/groups").json()}
-    except (httpx.HTTPError, ValueError):
+        return {g["group"]: g for g in control.groups()}
+    except (ApiError, ValueError):
         return {}
 
 
@@ -86,13 +93,13 @@ def metric(api: httpx.Client, name: str, **labels: str) -> float:
     raise AssertionError(f"no sample {name}{labels} in /metrics")
 
 
-def assert_each_sample_once(api: httpx.Client) -> dict:
+def assert_each_sample_once(control: ControlPlane) -> dict:
     """With the default --batch-policy constant, whatever the drills did: every sample of the
     global batches committed steps used up was trained exactly once, but for the batches the
     gradient check blamed on the data itself (skipped on purpose: a sample whose gradient is ten
     times the others', which the byte-level default meets now and then)."""
-    data = api.get("/api/v1/data").json()
-    sdc = api.get("/api/v1/events", params={"type": "sdc", "limit": 1000}).json()["events"]
+    data = control.data()
+    sdc = control.events(type="sdc", limit=1000)
     blamed = {e["step"] for e in sdc if e["verdict"] == "data"}
     assert data["samples_planned"] > 0 and data["job"]["batch_policy"] == "constant", data
     skipped = len(blamed) * data["job"]["global_batch_size"]
@@ -101,27 +108,31 @@ def assert_each_sample_once(api: httpx.Client) -> dict:
     return data
 
 
-def all_training(api: httpx.Client) -> bool:
-    return {g["state"] for g in groups(api).values()} == {"training"}
+def all_training(control: ControlPlane) -> bool:
+    return {g["state"] for g in groups(control).values()} == {"training"}
 
 
-def all_training_again(api: httpx.Client, timeout_s: float = 240) -> None:
+def all_training_again(control: ControlPlane, timeout_s: float = 240) -> None:
     """Wait until every group trains, rejoining first any group an earlier test, or the hang
     watchdog, left down: the tests of a module share one job and each needs every group up."""
-    for g, view in groups(api).items():
+    for g, view in groups(control).items():
         if view["state"] == "down":
-            api.post(f"/api/v1/groups/{g}/rejoin", headers=AUTH)
-    wait_for(lambda: all_training(api), timeout_s, "every group training", explain=lambda: job_snapshot(api))
+            try:
+                control.rejoin(g)
+            except ApiError:
+                pass  # as before: a refused rejoin (a drill holds the groups) shows in the wait below
+    wait_for(lambda: all_training(control), timeout_s, "every group training",
+             explain=lambda: job_snapshot(control))
 
 
-def job_snapshot(api: httpx.Client, events: int = 12) -> str:
+def job_snapshot(control: ControlPlane, events: int = 12) -> str:
     """The groups and the job's last notable events, one line each: what a timed-out wait saw."""
     lines = [f"group {g}: {v['state']} step {v['step']} restarts {v['restarts']} down_reason {v['down_reason']}"
-             for g, v in groups(api).items()]
+             for g, v in groups(control).items()]
     try:
-        page = api.get("/api/v1/events", params={"type": ["process", "start", "heal", "quorum", "exit"],
-                                                  "since": time.time() - 300, "limit": 1000}).json()["events"]
-    except (httpx.HTTPError, ValueError, KeyError) as e:
+        page = control.events(type=["process", "start", "heal", "quorum", "exit"], since=time.time() - 300,
+                              limit=1000)
+    except (ApiError, ValueError, KeyError) as e:
         page = [{"error": repr(e)}]
     lines += [json.dumps({k: v for k, v in e.items() if v not in (None, [], {})}, default=str)[:300]
               for e in page[-events:]]

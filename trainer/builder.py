@@ -183,7 +183,7 @@ class Training:
         return dict(config=cfg.config, model=describe(self.job), dtype=cfg.precision,
                     tokenizer=self.job.hf_assets_path or "bytes", dataset=str(cfg.dataset or "stdlib"),
                     dataset_samples=self.dataset.samples, seq_len=self.seq_len, local_batch_size=self.plan.local_batch,
-                    global_batch_size=self.plan.global_batch, batch_policy=self.plan.policy,
+                    global_batch_size=self.plan.global_batch, batch_policy=self.plan.policy, steps=cfg.steps,
                     parameters=self.parameters, data_s=self.data_s, model_s=self.model_s)
 
     def _batch(self, samples: range) -> tuple[torch.Tensor, torch.Tensor]:

@@ -39,6 +39,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
+from protocol.layout import GroupLayout
 
 MANIFEST = "manifest.json"
 log = logging.getLogger(__name__)
@@ -164,7 +165,7 @@ class Checkpointer:
         self._staged: Future | None = None
 
     def _staging(self, final: Path) -> Path:
-        return self.root / f".{final.name}.tmp-g{self.group}"
+        return self.root / GroupLayout(self.group).checkpoint_staging(final.name)
 
     def clear_unpublished(self) -> None:
         """Rank 0 removes this group's folders of saves that never finished (a crash mid-write): a
@@ -172,7 +173,7 @@ class Checkpointer:
         Only where no other process of the group may be writing: never from a warm spare waiting
         beside the live group, whose save in flight is such a folder too."""
         if dist.get_rank() == 0 and self.root.is_dir():
-            for folder in self.root.glob(f".step-*.tmp-g{self.group}"):
+            for folder in self.root.glob(GroupLayout(self.group).checkpoint_staging_glob):
                 shutil.rmtree(folder, ignore_errors=True)
 
     def due(self, step: int) -> bool:
@@ -245,7 +246,7 @@ class Checkpointer:
 
     def _publish(self, staging: Path, final: Path) -> None:
         if final.exists():  # the same step saved again after a restart: replace it
-            old = final.with_name(f".{final.name}.old-g{self.group}")
+            old = final.with_name(GroupLayout(self.group).checkpoint_replaced(final.name))
             shutil.rmtree(old, ignore_errors=True)
             os.rename(final, old)
             os.rename(staging, final)

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import torch
 
-from protocol.injection import Injection, injection_file_name, read_injection
+from protocol.layout import GroupLayout
+from protocol.injection import Injection, read_injection
 
 POLL_S = 0.1
 """How often the injection file is looked at: a drill's fault lands within a step or two."""
@@ -26,7 +27,7 @@ class DrillHooks:
     """Watches the group's injection file; the training loop asks it for the fault due now."""
 
     def __init__(self, events_dir: Path, group: int):
-        self.path = events_dir / injection_file_name(group)
+        self.path = events_dir / GroupLayout(group).injection
         existing = read_injection(self.path)
         self._seen = existing.id if existing else 0  # injected before this start: not ours
         self._pending: Injection | None = None

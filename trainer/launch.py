@@ -56,12 +56,32 @@ def validate(cfg: TrainerConfig, dial_lighthouse: bool = True) -> str:
         if torch.cuda.device_count() < cfg.ranks_per_group:
             raise ConfigError(f"--device cuda needs {cfg.ranks_per_group} GPUs per group, "
                               f"this machine has {torch.cuda.device_count()}")
+    resumed = resume_step(cfg)
     if dial_lighthouse:
         check_lighthouse_reachable(cfg.lighthouse)
     return (f"{cfg.config}: {describe(job)}, {count_parameters(job) / 1e6:.1f}M parameters, {cfg.precision}; "
             f"{dataset.samples:,} samples of {dataset.seq_len} tokens per epoch "
             f"({len(dataset.store.tokens):,} tokens, {dataset.store.documents:,} documents); "
-            f"global batch {plan.global_batch} ({plan.policy}), {plan.local_batch} per rank at once")
+            f"global batch {plan.global_batch} ({plan.policy}), {plan.local_batch} per rank at once"
+            + (f"; resuming the job in {cfg.checkpoint_dir} from its checkpoint at step {resumed:,} "
+               f"to step {cfg.steps:,}" if resumed is not None else ""))
+
+
+def resume_step(cfg: TrainerConfig) -> int | None:
+    """The step of the newest checkpoint an earlier job left in ``--checkpoint-dir`` (None: none),
+    which this job resumes from. A job's check (``--check``, before ``ftctl up`` starts anything)
+    refuses one at or past ``--steps``: there would be nothing to train; a group's own start
+    (a restart near the end) goes on and finishes at once."""
+    from trainer.checkpoint import published, step_of
+
+    saved = published(cfg.checkpoint_dir) if cfg.checkpoint_dir else []
+    if not saved:
+        return None
+    step = step_of(saved[-1])
+    if step >= cfg.steps and cfg.check:
+        raise ConfigError(f"the checkpoint in {cfg.checkpoint_dir} is at step {step:,}, past --steps {cfg.steps:,}: "
+                          "nothing is left to train; raise --steps, or start a new job in a fresh --state-dir")
+    return step
 
 
 def launch(cfg: TrainerConfig, trainer_args: list[str]) -> None:

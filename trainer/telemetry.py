@@ -15,8 +15,9 @@ import threading
 import time
 from pathlib import Path
 
-from protocol.beacon import BEACON_INTERVAL_S, Beacon, Phase, beacon_file_name
-from protocol.events import BaseEvent, EventIds, TorchftLogEvent, events_file_name
+from protocol.layout import GroupLayout
+from protocol.beacon import BEACON_INTERVAL_S, Beacon, Phase
+from protocol.events import BaseEvent, EventIds, TorchftLogEvent
 from protocol.files import write_model
 
 _STOP = object()
@@ -31,8 +32,8 @@ class EventSink:
     def __init__(self, events_dir: Path, group: int, rank: int, capacity: int = QUEUE_CAPACITY):
         self.group = group
         self.rank = rank
-        self.path = events_dir / events_file_name(group, rank)
-        self.ids = EventIds(f"g{group}.r{rank}")
+        self.path = events_dir / GroupLayout(group).rank_events(rank)
+        self.ids = EventIds(GroupLayout(group).event_ids(rank))
         self.dropped = 0
         self._queue: queue.Queue = queue.Queue(maxsize=capacity)
         self._thread = threading.Thread(target=self._write_loop, name="ft-events", daemon=True)
@@ -135,7 +136,7 @@ class ProgressBeacon:
     """
 
     def __init__(self, events_dir: Path, group: int, rank: int):
-        self.path = events_dir / beacon_file_name(group, rank)
+        self.path = events_dir / GroupLayout(group).beacon(rank)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         # (phase, since, step, run-queue wait at since): replaced whole, no torn reads
         self._state: tuple[Phase, float, int, float] = ("starting", time.time(), 0, run_queue_wait_s())

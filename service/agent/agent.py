@@ -7,10 +7,12 @@ import signal
 import time
 from dataclasses import dataclass
 
+from protocol.layout import GroupLayout
+from protocol.events import ProcessEvent
 from protocol.agent import AgentStatus
-from protocol.beacon import beacon_file_name, read_beacon
+from protocol.beacon import read_beacon
 from protocol.files import write_model
-from protocol.injection import InjectRequest, InjectResult, Injection, injection_file_name, read_injection
+from protocol.injection import InjectRequest, InjectResult, Injection, read_injection
 from protocol.lighthouse import lighthouse_unreachable
 from protocol.quarantine import take_quarantine
 from protocol.registration import AgentRegistration
@@ -54,10 +56,10 @@ class Agent:
         spare = WarmSpare(command, settings.run_dir, settings.spare_respawn_delay_s) if settings.spare else None
         watchdog: Watchdog | None = None
 
-        def on_process_event(action: str, **fields) -> None:
+        def on_process_event(action: str, **fields) -> ProcessEvent:
             if action == "started" and watchdog is not None:
                 watchdog.started()
-            forwarder.emit_process(action, **fields)
+            return forwarder.emit_process(action, **fields)
 
         supervisor = GroupSupervisor(command, settings.pid_path, on_process_event, settings.auto_rejoin_delay_s, spare,
                                      lighthouse_away=lambda: _lighthouse_away(settings.lighthouse),
@@ -71,7 +73,7 @@ class Agent:
                                    on_step=(lambda e: watchdog.stepped(e.step_s)) if watchdog else lambda e: None,
                                    registration=AgentRegistration(url=settings.api_url(),
                                                                   ranks_per_group=settings.ranks_per_group))
-        netcut = RouteCut(settings.group, settings.run_dir / f"group{settings.group}.cut.json", settings.lighthouse,
+        netcut = RouteCut(settings.group, settings.run_dir / GroupLayout(settings.group).cut, settings.lighthouse,
                           settings.control_plane)
         return cls(settings, forwarder, supervisor, spare, watchdog, zygote, netcut)
 
@@ -102,7 +104,7 @@ class Agent:
     def rank_pids(self) -> dict[int, int]:
         """rank → pid of the group's ranks that are up (their beacon names a process of the group)."""
         tree = set(self.supervisor.pids())
-        beacons = {r: read_beacon(self.settings.events_dir / beacon_file_name(self.settings.group, r))
+        beacons = {r: read_beacon(self.settings.events_dir / GroupLayout(self.settings.group).beacon(r))
                    for r in range(self.settings.ranks_per_group)}
         return {r: b.pid for r, b in beacons.items() if b is not None and b.pid in tree}
 
@@ -123,7 +125,7 @@ class Agent:
             for pid in ranks.values():
                 os.kill(pid, signal.SIGSTOP)
         else:
-            path = self.settings.events_dir / injection_file_name(self.settings.group)
+            path = self.settings.events_dir / GroupLayout(self.settings.group).injection
             previous = read_injection(path)
             injection = Injection(id=(previous.id if previous else 0) + 1, kind=request.kind, rank=rank,
                                   pids=sorted(ranks.values()), seconds=request.seconds, delay_s=request.delay_ms / 1000,

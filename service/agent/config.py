@@ -8,6 +8,7 @@ from pathlib import Path
 from pydantic import AliasChoices, AnyHttpUrl, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from protocol.layout import GroupLayout
 from protocol import defaults
 from protocol.tokens import group_token, strong_token
 from service.agent.supervisor import STOP_TIMEOUT_S
@@ -100,8 +101,8 @@ class AgentSettings(BaseSettings):
 
     @property
     def pid_path(self) -> Path:
-        return self.run_dir / f"group{self.group}.pid"
+        return self.run_dir / GroupLayout(self.group).pid
 
     @property
     def log_path(self) -> Path:
-        return self.state_dir / "logs" / f"group{self.group}.log"
+        return self.state_dir / "logs" / GroupLayout(self.group).log

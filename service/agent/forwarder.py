@@ -27,13 +27,12 @@ from typing import Callable
 import httpx
 from pydantic import BaseModel, Field, ValidationError
 
+from protocol.layout import GroupLayout
 from protocol.events import (
     Event,
     EventIds,
     ProcessEvent,
     StepEvent,
-    agent_events_file_name,
-    events_file_glob,
     parse_event,
     speaks_for_group,
 )
@@ -60,7 +59,7 @@ class Shipped(BaseModel):
 
 
 def shipped_file(events_dir: Path, group: int) -> Path:
-    return events_dir / f"g{group}.shipped"
+    return events_dir / GroupLayout(group).shipped
 
 
 @dataclass(frozen=True)
@@ -93,8 +92,8 @@ class EventForwarder:
         self.reachable = False
         self._read_offsets: dict[str, int] = {}
         self._state_path = shipped_file(events_dir, group)
-        self._own_path = events_dir / agent_events_file_name(group)
-        self._ids = EventIds(f"g{group}.agent")
+        self._own_path = events_dir / GroupLayout(group).agent_events
+        self._ids = EventIds(GroupLayout(group).event_ids(None))
         self._write_lock = threading.Lock()
         self._retry_at = 0.0
         self._backoff_s = interval_s
@@ -129,15 +128,16 @@ class EventForwarder:
 
     def _files(self) -> list[Path]:
         """The agent's own file first: its process events precede what the ranks it starts write."""
-        return sorted(self.events_dir.glob(events_file_glob(self.group)), key=lambda p: p != self._own_path)
+        return sorted(self.events_dir.glob(GroupLayout(self.group).events_glob), key=lambda p: p != self._own_path)
 
-    def emit_process(self, action: str, **fields) -> None:
+    def emit_process(self, action: str, **fields) -> ProcessEvent:
         """The agent's own event, appended to its file like a rank's, so it survives the agent."""
         event = ProcessEvent(ts=time.time(), group=self.group, eid=self._ids.next(), action=action, **fields)
         with self._write_lock:
             self.events_dir.mkdir(parents=True, exist_ok=True)
             with open(self._own_path, "a") as out:
                 out.write(event.model_dump_json() + "\n")
+        return event
 
     # --- reading
     def _read_new(self) -> None:

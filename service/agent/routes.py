@@ -14,7 +14,7 @@ from protocol.health import Served
 from protocol.injection import INJECT_PATH, InjectRequest, InjectResult
 from service.agent.agent import Agent
 from service.agent.probe import probe as probe_peers
-from service.agent.supervisor import StateConflict
+from service.agent.supervisor import Outcome, StateConflict
 
 
 def _agent(request: Request) -> Agent:
@@ -42,10 +42,10 @@ def healthz() -> Served:
     return Served(ok=True)
 
 
-async def _run(agent: Agent, action: AgentAction, fn: Callable[[], int | list[int] | None]) -> CommandResult:
-    result = await run_in_threadpool(fn)
-    pids = result if isinstance(result, list) else ([result] if isinstance(result, int) else [])
-    return CommandResult(group=agent.settings.group, action=action, pids=pids, status=agent.status())
+async def _run(agent: Agent, action: AgentAction, fn: Callable[[], Outcome]) -> CommandResult:
+    outcome = await run_in_threadpool(fn)
+    return CommandResult(group=agent.settings.group, action=action, pids=outcome.pids, event=outcome.event,
+                         status=agent.status())
 
 
 @commands.post(command_path("start"), response_model=CommandResult, responses={409: {}})

@@ -13,6 +13,7 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from protocol.layout import GroupLayout
 from protocol.agent import SpareState
 from protocol.spare import promotion_file, readiness_file, spare_files
 from service.agent.pidfile import reap_pidfile, record_pid
@@ -36,7 +37,7 @@ class WarmSpare:
 
     @property
     def pid_path(self) -> Path:
-        return self.run_dir / f"group{self.group}.spare.pid"
+        return self.run_dir / GroupLayout(self.group).spare_pid
 
     def _promote_path(self) -> Path:
         return promotion_file(self.run_dir, self.group, self.generation)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from protocol.events import ExitKind
+from protocol.events import ExitKind, ProcessEvent
 from protocol.agent import LastExit
 from protocol.quarantine import Quarantine
 from protocol.defaults import LOOPBACK
@@ -74,8 +74,18 @@ class GroupCommand:
 LIGHTHOUSE_POLL_S = 0.5
 
 
+@dataclass(frozen=True)
+class Outcome:
+    """What a command did: the processes it signalled or started, and the process event it
+    caused, as the agent's forwarder sends it (the command's answer carries it too, so the
+    control plane folds it in at once; its ``eid`` stores it once whichever arrives first)."""
+
+    pids: list[int]
+    event: ProcessEvent | None = None
+
+
 class GroupSupervisor:
-    def __init__(self, command: GroupCommand, pid_path: Path, on_event: Callable[..., None],
+    def __init__(self, command: GroupCommand, pid_path: Path, on_event: Callable[..., ProcessEvent],
                  auto_rejoin_delay_s: float | None, spare: "WarmSpare | None" = None,
                  lighthouse_away: Callable[[], str | None] = lambda: None,
                  take_quarantine: Callable[[], Quarantine | None] = lambda: None):
@@ -115,7 +125,7 @@ class GroupSupervisor:
         """Kill what a previous agent of this group left running: two copies must never train."""
         return reap_pidfile(self.pid_path, self.group) + (self.spare.reap() if self.spare else [])
 
-    def start(self) -> int:
+    def start(self) -> Outcome:
         """Start the group: promote the warm spare when there is one, else start cold."""
         with self._lock:
             if self.running:
@@ -132,11 +142,11 @@ class GroupSupervisor:
             self.starts += 1
             self._intent = None
             proc = self.proc
-        self.on_event("started", pid=proc.pid, detail=detail)
+        event = self.on_event("started", pid=proc.pid, detail=detail)
         threading.Thread(target=self._watch, args=(proc,), name=f"watch-{proc.pid}", daemon=True).start()
         if self.spare:
             self.spare.replace_later(self._shutdown)
-        return proc.pid
+        return Outcome([proc.pid], event)
 
     def _watch(self, proc: "GroupProcess") -> None:
         """Report exits nobody asked for; kill() and stop() report their own, before returning,
@@ -153,16 +163,17 @@ class GroupSupervisor:
         else:
             self._exited(proc, "crashed", read_crash_line(self.command.log_path, self._log_offset))
 
-    def _exited(self, proc: "GroupProcess", kind: ExitKind, detail: str | None = None) -> None:
+    def _exited(self, proc: "GroupProcess", kind: ExitKind, detail: str | None = None) -> ProcessEvent:
         code = proc.wait()
         forget_pid(self.pid_path, proc.pid)
         self.last_exit = LastExit(kind=kind, returncode=code, ts=time.time())
         log.info("group %d %s (exit code %s)%s", self.group, kind, code, f": {detail}" if detail else "")
-        self.on_event(kind, pid=proc.pid, returncode=code, detail=detail)
+        event = self.on_event(kind, pid=proc.pid, returncode=code, detail=detail)
         if kind in ("killed", "crashed", "hung") and self.auto_rejoin_delay_s is not None:
             threading.Thread(target=self._auto_rejoin, name=f"auto-rejoin-{self.group}", daemon=True).start()
         elif kind == "quarantined" and self.spare and self.spare.state() == "ready":
             self._replace_by_spare()
+        return event
 
     def _replace_by_spare(self) -> None:
         """A quarantined group's ranks are not started again (their hardware is suspect); its
@@ -187,11 +198,11 @@ class GroupSupervisor:
         except StateConflict:
             pass  # somebody rejoined it already
 
-    def kill(self) -> list[int]:
+    def kill(self) -> Outcome:
         """SIGKILL the whole tree at once (torchrun and every rank), like losing the node."""
         return self._end_now("killed")
 
-    def evict(self) -> list[int]:
+    def evict(self) -> Outcome:
         """SIGKILL the whole tree for good: the straggler policy, or an operator, evicted the group."""
         return self._end_now("evicted", "the control plane evicted it; its agent does not restart it")
 
@@ -203,7 +214,7 @@ class GroupSupervisor:
         except StateConflict:
             pass
 
-    def _end_now(self, kind: ExitKind, detail: str | None = None) -> list[int]:
+    def _end_now(self, kind: ExitKind, detail: str | None = None) -> Outcome:
         with self._lock:
             if not self.running or (kind == "hung" and self._intent is not None):
                 raise StateConflict(f"group {self.group} is not running")
@@ -213,10 +224,9 @@ class GroupSupervisor:
                 signal_tree(proc.pid, signal.SIGCONT)
             pids = signal_tree(proc.pid, signal.SIGKILL)
         wait_gone(pids, REAPED_S)
-        self._exited(proc, kind, detail)
-        return pids
+        return Outcome(pids, self._exited(proc, kind, detail))
 
-    def stop(self) -> None:
+    def stop(self) -> Outcome:
         """Stop the group gracefully: the ranks finish their step and exit."""
         with self._lock:
             if not self.running:
@@ -224,7 +234,7 @@ class GroupSupervisor:
             self._intent = "stopped"
             proc = self.proc
         self.command.stop(proc)
-        self._exited(proc, "stopped")
+        return Outcome([proc.pid], self._exited(proc, "stopped"))
 
     def shutdown(self) -> None:
         self._shutdown.set()

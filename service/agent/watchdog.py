@@ -31,7 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
-from protocol.beacon import JUDGED_PHASES, Beacon, beacon_file_name, read_beacon
+from protocol.layout import GroupLayout
+from protocol.beacon import JUDGED_PHASES, Beacon, read_beacon
 
 log = logging.getLogger("agent.watchdog")
 
@@ -98,7 +99,7 @@ class Watchdog:
     def __init__(self, settings: WatchdogSettings, events_dir: Path, group: int, ranks_per_group: int,
                  pids: Callable[[], list[int]], on_hung: Callable[[str], None], step_window: int = 20):
         self.settings = settings
-        self.paths = {r: events_dir / beacon_file_name(group, r) for r in range(ranks_per_group)}
+        self.paths = {r: events_dir / GroupLayout(group).beacon(r) for r in range(ranks_per_group)}
         self.pids = pids
         self.on_hung = on_hung
         self.step_times: deque[float] = deque(maxlen=step_window)

@@ -25,6 +25,7 @@ from typing import BinaryIO
 
 from pydantic import ValidationError
 
+from protocol.layout import GroupLayout
 from protocol.torchrun import torchrun_env
 from protocol.zygote import SpawnReply, SpawnRequest
 from service.proctree import REAPED_S, end_tree, wait_gone
@@ -91,7 +92,7 @@ class Zygote:
             if self.proc is not None:
                 log.warning("the zygote (pid %d) exited with %s; starting another", self.proc.pid, self.proc.returncode)
             if self.socket_path is None or not self.socket_path.parent.is_dir():
-                self.socket_path = Path(tempfile.mkdtemp(prefix=f"ftctl-zygote-g{self.group}-")) / "socket"
+                self.socket_path = Path(tempfile.mkdtemp(prefix=GroupLayout(self.group).zygote_dir_prefix)) / "socket"
             self.socket_path.unlink(missing_ok=True)
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
             with open(self.log_path, "ab") as out:

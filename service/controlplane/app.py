@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -11,18 +10,21 @@ from fastapi import Depends, FastAPI
 from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 
+from protocol import api
 from protocol.auth import require_token
-from protocol.tokens import group_token
 from protocol.http_guard import guard
 from protocol.ingest import ingest_group
 from protocol.registration import agent_group
+from protocol.tokens import group_token
 from service.controlplane import errors, goodput
 from service.controlplane.agents import AgentClient
 from service.controlplane.bus import EventBus
 from service.controlplane.collector import frozen_survivors, thaw_forever
+from service.controlplane.coverage import CoverageLedger
 from service.controlplane.db import Store
 from service.controlplane.deps import Services
-from service.controlplane.drills import DrillRunner
+from service.controlplane.drills.context import DrillServices
+from service.controlplane.drills.runner import DrillRunner
 from service.controlplane.group_control import GroupControl
 from service.controlplane.groups import GroupBoard
 from service.controlplane.ingest import Ingestor, IngestWriter
@@ -32,8 +34,9 @@ from service.controlplane.metrics import JobMetrics, StateCollector
 from service.controlplane.partition_responder import PartitionResponder
 from service.controlplane.registry import AgentRegistry
 from service.controlplane.retention import prune_forever
-from service.controlplane.coverage import CoverageLedger
-from service.controlplane.routers import agents as agents_router, data, drills, events, goodput as goodput_router, groups, health, quorum, sdc, stragglers
+from service.controlplane.routers import agents as agents_router
+from service.controlplane.routers import data, drills, events, groups, health, quorum, sdc, stragglers
+from service.controlplane.routers import goodput as goodput_router
 from service.controlplane.settings import ControlPlaneSettings
 from service.controlplane.straggler_policy import StragglerResponder
 from service.controlplane.stragglers import StragglerTracker
@@ -50,7 +53,6 @@ def build_services(settings: ControlPlaneSettings) -> Services:
     tracker = StragglerTracker(settings.straggler_window, settings.straggler_factor, settings.straggler_policy,
                                flagged=next((g for g, v in board.views.items() if v.straggler), None))
     agents = AgentClient(registry.urls, settings.token, settings.agent_timeout_s)
-    control = GroupControl(agents, board)
     lighthouse = LighthouseClient(settings.lighthouse_api, settings.lighthouse_timeout_s, settings.token)
     state = StateCollector(board, store, metrics, tracker, project=lambda: goodput.projection(
         store, board.median_step_s(), settings.classic_recovery_json, list(goodput.DEFAULT_GPUS),
@@ -59,9 +61,11 @@ def build_services(settings: ControlPlaneSettings) -> Services:
     coverage = CoverageLedger(store)
     ingest = Ingestor(store, board, metrics, bus, tracker, settings.max_clock_skew_s, settings.max_event_age_s,
                       coverage)
+    control = GroupControl(agents, board, ingest.record)
     return Services(
         settings=settings, store=store, board=board, bus=bus, ingest=ingest, writer=IngestWriter(ingest),
-        agents=agents, registry=registry, control=control, drills=DrillRunner(settings, store, bus, control, agents, lighthouse, tracker),
+        agents=agents, registry=registry, control=control, 
+        drills=DrillRunner(DrillServices(settings, bus, control, agents, lighthouse, tracker), store),
         lighthouse=lighthouse, stragglers=tracker, coverage=coverage,
         metrics_registry=metrics.registry, metrics_state=state,
     )
@@ -115,19 +119,12 @@ def create_app(settings: ControlPlaneSettings) -> FastAPI:
 
     guard(app, accepted, [*settings.allowed_hosts, settings.host], settings.max_body_bytes)
     auth = [Depends(require_token(accepted))]
-    app.include_router(health.router)
-    app.include_router(agents_router.router)
-    app.include_router(agents_router.mutating, dependencies=auth)
-    app.include_router(quorum.router)
-    app.include_router(groups.router)
-    app.include_router(groups.mutating, dependencies=auth)
-    app.include_router(events.router)
-    app.include_router(events.ingest_router, dependencies=auth)
-    app.include_router(events.stream_router)  # a WebSocket: the guard checks its handshake's token
-    app.include_router(drills.router)
-    app.include_router(drills.mutating, dependencies=auth)
-    app.include_router(goodput_router.router)
-    app.include_router(data.router)
-    app.include_router(stragglers.router)
-    app.include_router(sdc.router)
+    app.include_router(health.router)  # /healthz, /readyz, /metrics: outside the API's prefix
+    api_routers = [(agents_router.router, []), (agents_router.mutating, auth), (quorum.router, []),
+                   (groups.router, []), (groups.mutating, auth), (events.router, []), (events.ingest_router, auth),
+                   (events.stream_router, []),  # a WebSocket: the guard checks its handshake's token
+                   (drills.router, []), (drills.mutating, auth),
+                   (goodput_router.router, []), (data.router, []), (stragglers.router, []), (sdc.router, [])]
+    for router, dependencies in api_routers:
+        app.include_router(router, prefix=api.PREFIX, dependencies=dependencies)
     return app

@@ -4,7 +4,7 @@ At 1,000 groups the control plane holds about 340,000 objects that live as long 
 metrics' children and their locks, the group views, the straggler windows, every agent's stream
 and its coroutines. CPython walks all of them in each full (generation 2) pass, 100 to 180 ms on
 this machine's two busy cores, and under ingest of 5,000 events a second it starts one every few
-seconds: that pause, with the event loop stopped, was the p99 of ``/api/v1/groups``.
+seconds: that pause, with the event loop stopped, was the p99 of ``GET /groups``.
 
 After each full pass its survivors are frozen (``gc.freeze``): the next passes walk only what is
 younger. Reference counting still frees frozen objects as usual; only a reference cycle that dies

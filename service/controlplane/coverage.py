@@ -80,6 +80,18 @@ def record_of(event: StepEvent) -> StepRecord:
                       global_batch=event.global_batch, step_samples=event.step_samples, consumed=event.consumed)
 
 
+RATE_WINDOW_S = 60.0
+"""The job's training rate is measured over its committed steps of the last minute."""
+
+
+def samples_rate(steps: list[tuple[float, int]]) -> float | None:
+    """Samples per second over (time, samples) of consecutive committed steps: every step's
+    samples but the first's, over the time from the first to the last (None: under two steps)."""
+    if len(steps) < 2 or steps[-1][0] <= steps[0][0]:
+        return None
+    return sum(samples for _, samples in steps[1:]) / (steps[-1][0] - steps[0][0])
+
+
 class CoverageLedger:
     """The records of committed steps and each global batch's tally, in the control plane's store."""
 
@@ -107,6 +119,10 @@ class CoverageLedger:
     def totals(self) -> Tally:
         return Tally(**self.store.coverage_totals())
 
+    def samples_per_s(self, now: float, window_s: float = RATE_WINDOW_S) -> float | None:
+        """Samples the committed steps of the last ``window_s`` trained, per second."""
+        return samples_rate(self.store.steps_since(now - window_s))
+
 
 class JobDataOut(BaseModel):
     """The job's data as its groups' start events describe it (the newest start of a rank 0)."""
@@ -121,6 +137,7 @@ class JobDataOut(BaseModel):
     global_batch_size: int
     local_batch_size: int
     batch_policy: str
+    steps: int | None = Field(None, description="the step the job trains to (--steps)")
 
 
 class DataOut(BaseModel):
@@ -133,11 +150,15 @@ class DataOut(BaseModel):
                          "--batch-policy shrink, batches the gradient check blamed")
     tokens_trained: int = Field(description="tokens of the samples trained (once or more)")
     epochs: float | None = Field(description="samples planned over the samples of one epoch")
+    tokens_per_s: float | None = Field(description="tokens the committed steps of the last minute trained, per "
+                                       "second (null: fewer than two steps in it)")
 
 
-def data_out(ledger: CoverageLedger, start: StartEvent | None) -> DataOut:
+def data_out(ledger: CoverageLedger, start: StartEvent | None, now: float) -> DataOut:
     t = ledger.totals()
     job = JobDataOut(**start.model_dump(include=set(JobDataOut.model_fields))) if start else None
+    rate = ledger.samples_per_s(now)
     return DataOut(job=job, samples_planned=t.planned, trained_once=t.once, trained_twice=t.twice,
                    skipped=t.skipped, tokens_trained=(t.once + t.twice) * (job.seq_len if job else 0),
-                   epochs=t.planned / job.dataset_samples if job and job.dataset_samples else None)
+                   epochs=t.planned / job.dataset_samples if job and job.dataset_samples else None,
+                   tokens_per_s=rate * job.seq_len if job and rate is not None else None)

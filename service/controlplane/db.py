@@ -161,6 +161,11 @@ class Store:
         return [dict(row) | {"consumed": bool(row["consumed"])}
                 for row in self._rows(f"SELECT {self.STEP_COLUMNS} FROM steps WHERE {where} ORDER BY step", args)]
 
+    def steps_since(self, ts: float) -> list[tuple[float, int]]:
+        """(time, samples trained) of every committed step recorded from ``ts`` on, in step order."""
+        return [(row["ts"], row["step_samples"]) for row in
+                self._rows("SELECT ts, step_samples FROM steps WHERE ts >= ? ORDER BY step", [ts])]
+
     def replace_step_records(self, gone: list[int], record: Any) -> None:
         """Delete the records of the steps ``gone`` and store ``record`` (a coverage StepRecord)."""
         with self.transaction():

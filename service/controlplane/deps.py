@@ -15,14 +15,13 @@ from service.controlplane.agents import AgentClient
 from service.controlplane.bus import EventBus
 from service.controlplane.coverage import CoverageLedger
 from service.controlplane.db import Store
-from service.controlplane.drills import DrillRunner
+from service.controlplane.drills.runner import DrillRunner
 from service.controlplane.errors import TooManyGroups, UnknownGroup
 from service.controlplane.group_control import GroupControl
 from service.controlplane.groups import GroupBoard, GroupView
 from service.controlplane.ingest import Ingestor, IngestWriter
 from service.controlplane.lighthouse import LighthouseClient
 from service.controlplane.registry import AgentRegistry
-from service.controlplane.models import GroupOut, HealOut, SdcIncidentOut, StragglerOut, TransitionOut
 from service.controlplane.settings import ControlPlaneSettings
 from service.controlplane.metrics import StateCollector
 from service.controlplane.stragglers import StragglerTracker
@@ -108,31 +107,3 @@ def _authorized(request: Request, s: ServicesDep) -> bool:
 AuthorizedDep = Annotated[bool, Depends(_authorized)]
 """Whether a read carries the job's token: only then does it see what torchft's own unauthenticated
 kill paths need (full replica ids, Manager and store addresses)."""
-
-SECRET_FIELDS = ("replica_id", "manager_address", "store_address")
-
-
-def redacted(fields: dict) -> dict:
-    """A record as an unauthenticated reader sees it: without the fields in :data:`SECRET_FIELDS`."""
-    return {k: (None if k in SECRET_FIELDS else v) for k, v in fields.items()}
-
-
-def group_out(view: GroupView, with_transitions: bool = False) -> GroupOut:
-    t = view.transition
-    heal = view.last_heal
-    flag, sdc = view.straggler, view.last_sdc
-    return GroupOut(
-        group=view.group, state=view.state, down_reason=view.down_reason, down_detail=view.down_detail,
-        since=t.ts if t else None, step=view.step, loss=view.loss, diverged=view.diverged, participants=view.participants,
-        quorum_id=view.quorum_id, step_s=view.step_s, last_event_ts=view.last_event_ts,
-        last_heal=HealOut(ts=heal.ts, step=heal.step, source_group=heal.source_group, bytes=heal.bytes,
-                          fetch_s=heal.fetch_s, load_s=heal.load_s) if heal else None,
-        pid=view.pid, restarts=max(0, view.starts - 1),
-        straggler=StragglerOut(since=flag.ts, slowdown=flag.slowdown, relative=flag.relative,
-                               individual=flag.individual, policy_action=flag.policy_action, detail=flag.detail)
-        if flag else None,
-        last_sdc=SdcIncidentOut(ts=sdc.ts, step=sdc.step, verdict=sdc.verdict, action=sdc.action,
-                                norm=sdc.norms.get(view.group), reference_norm=sdc.reference_norm) if sdc else None,
-        transitions=[TransitionOut(state=h.state, reason=h.reason, ts=h.ts) for h in view.history]
-        if with_transitions else None,
-    )

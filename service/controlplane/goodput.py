@@ -6,7 +6,7 @@ T_r = reconfiguration (survivors do not restart), T_l = the
 rejoin's capacity loss (one group of N/gpus_per_group missing while it heals), rollback = the
 survivor steps lost × step time. The classic path: a whole-job restart and a reload, rollback
 τ/2, from bench/recovery's measurement when configured, else the seed's scenario C. Used by
-``GET /api/v1/goodput`` and by the metrics (``ftctl_goodput_projected_ratio``).
+``GET /goodput`` and by the metrics (``ftctl_goodput_projected_ratio``).
 """
 
 from __future__ import annotations

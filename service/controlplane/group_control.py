@@ -1,9 +1,11 @@
-"""Kill and rejoin a group through its agent, and show the result on the board at once.
+"""Kill, evict and rejoin a group through its agent; the board learns of it from the event.
 
 The REST endpoints and the drills all come through here, and so do the preconditions: a down
 group cannot be killed, only a down group can rejoin, and while a drill runs it holds the
-groups, so only that drill commands them. ``at`` is taken before the command: a kill lands while
-the request is still running, and what it causes is timed from then.
+groups, so only that drill commands them. The board has one writer, the events: the agent's
+answer to a command carries the process event it caused (``killed``, ``evicted``, ``started``),
+which is recorded at once through the ingest path, the same event (same ``eid``) its forwarder
+sends; whichever arrives first is stored, the other is a duplicate.
 """
 
 from __future__ import annotations
@@ -11,7 +13,10 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from typing import Callable
+
 from protocol.agent import CommandResult
+from protocol.events import Event
 from protocol.injection import InjectRequest, InjectResult
 from service.controlplane.agents import AgentClient
 from service.controlplane.errors import DrillConflict, GroupStateConflict
@@ -32,13 +37,20 @@ class Rejoin:
 @dataclass(frozen=True)
 class Eviction:
     agent: CommandResult
-    replaced_by_spare: bool
+    rejoin: Rejoin | None = None
+    """the rejoin that promoted the group's warm spare in its place, if one was ready"""
+
+    @property
+    def replaced_by_spare(self) -> bool:
+        return self.rejoin is not None
 
 
 class GroupControl:
-    def __init__(self, agents: AgentClient, board: GroupBoard):
+    def __init__(self, agents: AgentClient, board: GroupBoard, record: Callable[[list[Event]], int]):
+        """``record``: store and publish events the control plane holds (the ingest path's)."""
         self.agents = agents
         self.board = board
+        self.record = record
         self.holder: int | None = None
         self.holder_kind: str | None = None
 
@@ -62,38 +74,32 @@ class GroupControl:
         if self.holder is not None and drill_id != self.holder:
             raise DrillConflict(f"drill {self.holder} is running; it controls the groups until it ends")
 
-    def require_up(self, group: int) -> None:
-        view = self.board.views[group]
-        if view.state == "down":
-            raise GroupStateConflict(f"group {group} is already down ({view.down_reason}); "
-                                     "rejoin it before drilling or killing it")
+    def _command(self, result: CommandResult) -> CommandResult:
+        """Fold the event the command caused into the board now, as the agent also sends it."""
+        if result.event is not None:
+            self.record([result.event])
+        return result
 
-    async def kill(self, group: int, at: float | None = None, drill_id: int | None = None) -> CommandResult:
-        """SIGKILL the group's processes; it shows down (killed) from ``at`` (default: now)."""
-        at = time.time() if at is None else at
-        self.require_up(group)
+    async def kill(self, group: int, drill_id: int | None = None) -> CommandResult:
+        """SIGKILL the group's processes; it shows down (killed) as its agent's event says."""
+        self.board.require_up(group)
         self._check_holder(drill_id)
-        agent = await self.agents.command(group, "kill")
-        self.board.force(group, "down", "killed", since=at)
-        return agent
+        return self._command(await self.agents.command(group, "kill"))
 
     async def evict(self, group: int, drill_id: int | None = None, replace_by_spare: bool = True) -> Eviction:
         """End the group for good (down, ``evicted``: its agent will not restart it by itself); when
         the agent keeps a ready warm spare, and ``replace_by_spare``, rejoin at once so the spare
         takes its place (not for a partition: the spare is on the same side of the cut)."""
-        at = time.time()
-        self.require_up(group)
+        self.board.require_up(group)
         self._check_holder(drill_id)
-        result = await self.agents.command(group, "evict")
-        self.board.force(group, "down", "evicted", since=at)
+        result = self._command(await self.agents.command(group, "evict"))
         if result.status.spare != "ready" or not replace_by_spare:
-            return Eviction(result, replaced_by_spare=False)
-        await self._send_rejoin(group)
-        return Eviction(result, replaced_by_spare=True)
+            return Eviction(result)
+        return Eviction(result, await self._send_rejoin(group))
 
     async def inject(self, group: int, request: InjectRequest, drill_id: int) -> InjectResult:
         """A drill's fault other than a kill; the group's own events tell what follows."""
-        self.require_up(group)
+        self.board.require_up(group)
         self._check_holder(drill_id)
         return await self.agents.inject(group, request)
 
@@ -114,9 +120,7 @@ class GroupControl:
         return await self._send_rejoin(group)
 
     async def _send_rejoin(self, group: int) -> Rejoin:
-        """When the agent restarted the group already nothing is forced: the group's own events
-        tell its state."""
-        rejoin = Rejoin(time.time(), await self.agents.command(group, "rejoin"))
-        if not rejoin.restarted_by_agent:
-            self.board.force(group, "starting", None, since=rejoin.at)
-        return rejoin
+        """When the agent restarted the group already there is no new event: the group's own
+        events tell its state."""
+        at = time.time()
+        return Rejoin(at, self._command(await self.agents.command(group, "rejoin")))

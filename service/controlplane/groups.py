@@ -27,9 +27,13 @@ from protocol.events import (
     speaks_for_group,
 )
 from service.controlplane.db import Store
+from service.controlplane.errors import GroupStateConflict
 
 State = Literal["starting", "joining", "healing", "training", "down"]
+"""A transition's state."""
 STATES: tuple[str, ...] = get_args(State)
+Shown = Literal["unknown", State]
+"""A group's state as shown: ``unknown`` before its first transition (never seen)."""
 
 
 @dataclass(frozen=True)
@@ -43,7 +47,9 @@ def next_state(current: Transition | None, event: Event) -> Transition | None:
     """The transition ``event`` causes from ``current``, or None."""
     if current is not None and event.ts < current.ts:
         return None
-    down = current is not None and current.state == "down"
+    # down ends only with a process event; "lost" is the control plane's inference from silence,
+    # and the group's own word after it (a step, a heal) is the truth
+    down = current is not None and current.state == "down" and current.reason != "lost"
     match event:
         case ProcessEvent(action="started"):
             target: tuple[State, str | None] = ("starting", None)
@@ -91,8 +97,13 @@ class GroupView:
     history: list[Transition] = field(default_factory=list)
 
     @property
-    def state(self) -> str:
+    def state(self) -> Shown:
         return self.transition.state if self.transition else "unknown"
+
+    @property
+    def up(self) -> bool:
+        """Its processes run: every state but down (and unknown: never seen)."""
+        return self.state not in ("down", "unknown")
 
     @property
     def down_reason(self) -> str | None:
@@ -184,27 +195,25 @@ class GroupBoard:
             self._apply(event.group, transition)
         return transition
 
+    def training(self) -> list[int]:
+        """The groups training now (committing steps in the quorum)."""
+        return [g for g, v in self.views.items() if v.state == "training"]
+
+    def up(self) -> list[int]:
+        """The groups whose processes run now: every state but down (and unknown: never seen)."""
+        return [g for g, v in self.views.items() if v.up]
+
+    def require_up(self, group: int) -> None:
+        """A one-line 409 unless the group runs."""
+        view = self.views[group]
+        if view.state == "down":
+            raise GroupStateConflict(f"group {group} is already down ({view.down_reason}); "
+                                     "rejoin it before drilling or killing it")
+
     def median_step_s(self) -> float | None:
         """The groups' latest step times, median: what one step costs the job now."""
         steps = [v.step_s for v in self.views.values() if v.step_s]
         return statistics.median(steps) if steps else None
-
-    def force(self, group: int, state: State, reason: str | None, since: float) -> Transition | None:
-        """A transition the control plane itself decided (it just killed or rejoined the group);
-        None when the group's own events already told a newer state.
-
-        ``since`` is when the command was sent, not when the agent answered: the group's own
-        events (its agent's ``killed``, then a promoted spare's start) can precede the answer,
-        and then they are the newer truth; forcing the command's state over them would leave a
-        group that trains on shown down.
-        """
-        with self.store.transaction():  # the ingest writer folds events in from its thread
-            current = self.views[group].transition
-            if current is not None and current.ts > since:
-                return None
-            transition = Transition(state, reason, since)
-            self._apply(group, transition)
-            return transition
 
     def _apply(self, group: int, transition: Transition) -> None:
         self.views[group].apply(transition)

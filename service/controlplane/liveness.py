@@ -90,7 +90,7 @@ class LivenessMonitor:
         """One round; returns the groups it found lost."""
         views = self.board.views
         asked = time.time()
-        up = [g for g, v in views.items() if v.state not in ("down", "unknown") and g in self.agents.agents]
+        up = [g for g in self.board.up() if g in self.agents.agents]
         quiet = quiet_groups(asked, {g: self._last_word(g) for g in up}, self.interval_s)
         lost = [g for g, v in views.items() if v.down_reason == "lost" and g in self.agents.agents]
         ask = groups_to_ask(quiet, (await self._beating() or set()) if quiet else set(), lost)
@@ -100,9 +100,8 @@ class LivenessMonitor:
             if status is not None:
                 self.answered[g] = now
                 self.unanswered_since.pop(g, None)
-                if g in lost and status.state == "running":
-                    log.info("group %d's agent answers again with its processes running: joining", g)
-                    self.board.force(g, "joining", None, since=now)
+                if g in lost and status.state == "running":  # its ranks' next events show it up
+                    log.info("group %d's agent answers again with its processes running", g)
             elif g in up:  # silent since its last word
                 self.unanswered_since.setdefault(g, min(asked, self._last_word(g) or asked))
         for g in list(self.unanswered_since):

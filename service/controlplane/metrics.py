@@ -39,6 +39,7 @@ from protocol.events import (
 )
 from protocol.ingest import Transport
 from service.controlplane.db import Store
+from service.controlplane.drills import DRILLS, FAULT_CLASSES
 from service.controlplane.errors import DomainError
 from service.controlplane.fingerprints import FingerprintBook
 from service.controlplane.goodput import GoodputOut, Projection
@@ -48,12 +49,6 @@ from service.controlplane.stragglers import Pattern, StragglerTracker
 CODES = ("unknown", *STATES)  # dashboards/quorum.py maps these numbers back to names
 HEAL_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120)
 STALL_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10)
-DRILL_KINDS = ("kill-heal", "hang", "lighthouse", "chaos", "straggler", "corrupt", "partition")
-FAULT_CLASSES = {"crash": ("kill-heal", "survivors_resume_s"), "hang": ("hang", "survivors_resume_s"),
-                 "lighthouse": ("lighthouse", "max_pause_s"), "partition": ("partition", "survivors_resume_s")}
-"""Fault class → the drill that measures it, and its report's key for "the job trains again"
-(every report's ``detect_s`` is its detection: the survivors' quorum dropped the group, or the
-control plane found the Lighthouse gone)."""
 DRILL_OUTCOMES = ("done", "failed", "cancelled")
 FINGERPRINT_STEPS = 20
 """Steps of fingerprints kept to compare: groups report the same step within seconds."""
@@ -209,7 +204,7 @@ class StateCollector:
             projections = self.project().projections
         except DomainError:  # no drill measured yet, or the model says no progress at that scale
             projections = []
-        last_done = {kind: rows[0]["report"] or {} for kind in DRILL_KINDS
+        last_done = {kind: rows[0]["report"] or {} for kind in DRILLS
                      if (rows := self.store.drills(1, kind=kind, status="done"))}
         return StoredNumbers(self.store.ingest_stats(), self.store.drill_counts(), last_done, projections,
                              self.store.coverage_totals())
@@ -236,7 +231,7 @@ class StateCollector:
             for s in STATES:
                 state.add_metric([g, s], 1.0 if v.state == s else 0.0)
             code.add_metric([g], CODES.index(v.state))
-            up.add_metric([g], 0.0 if v.state in ("down", "unknown") else 1.0)
+            up.add_metric([g], 1.0 if v.up else 0.0)
             if v.step is not None:
                 step.add_metric([g], v.step)
                 lag.add_metric([g], top - v.step)
@@ -310,9 +305,9 @@ class StateCollector:
         resume = GaugeMetricFamily("ftctl_fault_resume_seconds", "the last drill of each fault class: fault → the "
                                    "other groups commit again (lighthouse: the longest gap in a group's commits)",
                                    labels=["fault"])
-        for fault, (kind, resume_key) in FAULT_CLASSES.items():
-            report = self.stored.last_done.get(kind, {})
-            for family, key in ((detect, "detect_s"), (resume, resume_key)):
+        for fault, drill in FAULT_CLASSES.items():  # detection is every report's detect_s
+            report = self.stored.last_done.get(drill.kind, {})
+            for family, key in ((detect, "detect_s"), (resume, drill.fault_class.resume_key)):
                 value = report.get(key)
                 family.add_metric([fault], float("nan") if value is None else value)
         yield detect
@@ -321,7 +316,7 @@ class StateCollector:
     def _drills(self):
         counts = self.stored.drill_counts
         finished = CounterMetricFamily("ftctl_drills", "drills finished, by kind and outcome", labels=["kind", "status"])
-        for kind in DRILL_KINDS:
+        for kind in DRILLS:
             for outcome in DRILL_OUTCOMES:
                 finished.add_metric([kind, outcome], counts.get((kind, outcome), 0))
         yield finished
@@ -341,7 +336,7 @@ class StateCollector:
         yield GaugeMetricFamily("ftctl_goodput_ratio", "the last chaos drill's goodput (committed rate vs failure-free)",
                                 value=chaos["goodput"] if chaos and chaos.get("goodput") is not None else float("nan"))
         projected = GaugeMetricFamily("ftctl_goodput_projected_ratio",
-                                      "the ledger's goodput at scale with the measured recovery (GET /api/v1/goodput)",
+                                      "the ledger's goodput at scale with the measured recovery (GET /goodput)",
                                       labels=["gpus", "path"])
         for p in self.stored.projections:
             projected.add_metric([str(p.gpus), "torchft" if p.path.startswith("this service") else "classic"],

@@ -85,7 +85,7 @@ class PartitionResponder:
 
     def stalled(self, now: float) -> bool:
         """At least two groups train and none of them has committed for :meth:`stall_s`."""
-        training = [g for g, v in self.control.board.views.items() if v.state == "training"]
+        training = self.control.board.training()
         limit = self.stall_s()
         return len(training) >= 2 and all(now - self._committed.get(g, now) > limit for g in training)
 
@@ -112,7 +112,7 @@ class PartitionResponder:
             log.exception("partition check failed")
 
     def _up(self) -> list[int]:
-        return sorted(g for g, v in self.control.board.views.items() if v.state != "down" and g in self.agents.agents)
+        return [g for g in self.control.board.up() if g in self.agents.agents]
 
     async def _reached(self, group: int, peers: list[int]) -> dict[int, bool] | None:
         """Which of ``peers`` the group's agent reaches; None when the agent does not answer."""

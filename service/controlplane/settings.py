@@ -39,7 +39,7 @@ class ControlPlaneSettings(BaseSettings):
     lighthouse_api: str = Field(f"http://{defaults.LOOPBACK}:{defaults.LIGHTHOUSE_API_PORT}",
                                 description="the Lighthouse wrapper's JSON API")
     classic_recovery_json: Path | None = Field(
-        None, description="bench/recovery's JSON: the classic path's measured times for GET /api/v1/goodput")
+        None, description="bench/recovery's JSON: the classic path's measured times for GET /goodput")
     drill_timeout_s: float = Field(180.0, gt=0, description="a drill phase that takes longer fails the drill")
     spares_timeout_s: float = Field(300.0, gt=0, description="chaos: a warm spare not ready after this fails the "
                                     "drill before its baseline")
@@ -70,7 +70,7 @@ class ControlPlaneSettings(BaseSettings):
     max_event_age_s: float = Field(7 * 86_400.0, gt=0, description="an event older than this is refused; events "
                                    "buffered while the control plane was away are younger")
     stream_keepalive_s: float = Field(10.0, gt=0, description="an idle event stream sends a comment this often")
-    quorum_view_max_age_s: float = Field(0.5, ge=0, description="GET /api/v1/quorum answers with the Lighthouse's "
+    quorum_view_max_age_s: float = Field(0.5, ge=0, description="GET /quorum answers with the Lighthouse's "
                                          "status as asked for at most this long ago, one fetch for every viewer")
     gc_thaw_every_s: float = Field(600.0, gt=0, description="objects that survived a full garbage collection are "
                                    "frozen, so later passes skip them; this often they are collected once again "

@@ -28,6 +28,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from protocol.events import Event, ProcessEvent, StartEvent, StepEvent, StragglerEvent, speaks_for_group
 
 PERSISTENT_SHARE = 0.6
@@ -47,19 +49,18 @@ class StepSample:
     allreduce_s: float
 
 
-@dataclass(frozen=True)
-class GroupScore:
+class GroupScore(BaseModel):
+    """One group's score over the window (``GET /stragglers`` shows it as it is)."""
+
+    model_config = ConfigDict(frozen=True)
+
     group: int
-    compute_s: float = 0.0
-    """median compute time over the window"""
-    wait_s: float = 0.0
-    """median wait in the cross-group all-reduce over the window"""
-    relative: float = 1.0
-    individual: float = 1.0
-    slowest_share: float = 0.0
-    """the share of the steps every group reported in which this group computed longest"""
-    slowdown: float = 1.0
-    """its median compute over the median of the other groups' medians"""
+    compute_s: float = Field(0.0, description="median compute time over the window")
+    wait_s: float = Field(0.0, description="median wait in the cross-group all-reduce over the window")
+    relative: float = Field(1.0, description="the fastest group's median compute over this group's")
+    individual: float = Field(1.0, description="this group's best median compute over its current one")
+    slowest_share: float = Field(0.0, description="share of the window's steps in which it computed longest")
+    slowdown: float = Field(1.0, description="its median compute over the median of the other groups' medians")
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ RUNS = {
 
 def events_since(up: Up, after_id: int) -> list[dict]:
     out = []
-    while page := up.api.get("/api/v1/events", params={"after_id": after_id, "limit": 1000}).json()["events"]:
+    while page := up.control.events(after_id=after_id, limit=1000):
         out += page
         after_id = page[-1]["id"]
     return out
@@ -54,8 +54,8 @@ def record(name: str, groups: int, up_kwargs: dict, drill: dict) -> None:
             up.wait_spares_ready(list(range(groups)))
         time.sleep(3)
         before = {g["group"]: {k: g[k] for k in ("state", "participants", "quorum_id")}
-                  for g in up.api.get("/api/v1/groups").json()}
-        last = up.api.get("/api/v1/events", params={"limit": 1, "since": time.time() - 1}).json()["events"]
+                  for g in up.control.groups()}
+        last = up.control.events(since=time.time() - 1, limit=1)
         first_id = last[0]["id"] - 1 if last else 0
         report = up.drill(drill)
         time.sleep(2)

@@ -4,20 +4,21 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from protocol.registration import AGENTS_PATH, AgentList, AgentRegistration, RegisteredAgent
+from protocol import api
+from protocol.registration import AgentList, AgentRegistration, RegisteredAgent
 from service.controlplane.deps import AdmittedGroupDep, ServicesDep
 
 router = APIRouter(tags=["agents"])
 mutating = APIRouter(tags=["agents"])
 
 
-@router.get(AGENTS_PATH, response_model=AgentList)
+@router.get(api.AGENTS, response_model=AgentList)
 def list_agents(s: ServicesDep) -> AgentList:
     """Every registered agent, by group: its address and when it registered first and last."""
     return AgentList(agents=s.registry.listed())
 
 
-@mutating.put(AGENTS_PATH + "/{group}", response_model=RegisteredAgent, responses={409: {}, 422: {}, 503: {}})
+@mutating.put(api.AGENT, response_model=RegisteredAgent, responses={409: {}, 422: {}, 503: {}})
 def register_agent(group: AdmittedGroupDep, body: AgentRegistration, s: ServicesDep) -> RegisteredAgent:
     """An agent says where its API is, with its group's token (or the job's). A group number not
     seen before adds the group to the job, up to ``--max-groups``."""

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import time
+
 from fastapi import APIRouter
 
+from protocol import api
 from service.controlplane.coverage import DataOut, data_out
 from service.controlplane.deps import ServicesDep
 
-router = APIRouter(prefix="/api/v1", tags=["data"])
+router = APIRouter(tags=["data"])
 
 
-@router.get("/data", response_model=DataOut)
+@router.get(api.DATA, response_model=DataOut)
 def data(s: ServicesDep) -> DataOut:
     """Samples planned, trained once, trained twice and skipped by the job's committed steps so
     far (``service/controlplane/coverage.py``), and the data and batch the job trains with."""
-    return data_out(s.coverage, s.store.newest_start())
+    return data_out(s.coverage, s.store.newest_start(), time.time())

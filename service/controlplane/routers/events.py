@@ -8,8 +8,9 @@ from fastapi import APIRouter, Query, Request, WebSocket
 from fastapi.responses import StreamingResponse
 from pydantic import ValidationError
 
+from protocol import api
 from protocol.events import INT64_MAX, EventType
-from protocol.ingest import INGEST_PREFIX, STREAM_SUFFIX, IngestBatch, IngestResult, StreamAnswer, Transport
+from protocol.ingest import IngestBatch, IngestResult, StreamAnswer, Transport
 from service.controlplane.deps import (
     AdmittedGroupDep,
     AuthorizedDep,
@@ -17,13 +18,13 @@ from service.controlplane.deps import (
     Services,
     ServicesDep,
     admissible,
-    redacted,
 )
 from service.controlplane.errors import DomainError
 from service.controlplane.ingest import why_invalid
 from service.controlplane.models import EventPage
+from service.controlplane.presenters import redacted
 
-router = APIRouter(prefix="/api/v1", tags=["events"])
+router = APIRouter(tags=["events"])
 ingest_router = APIRouter(tags=["agents"])
 stream_router = APIRouter()
 
@@ -32,7 +33,7 @@ GroupQuery = Annotated[int | None, Query(ge=0, le=INT64_MAX, description="only t
 TypesQuery = Annotated[list[EventType] | None, Query(description="only events of these types")]
 
 
-@router.get("/events", response_model=EventPage, responses={422: {}})
+@router.get(api.EVENTS, response_model=EventPage, responses={422: {}})
 def list_events(
     s: ServicesDep, authorized: AuthorizedDep, group: GroupQuery = None, type: TypesQuery = None,
     since: float | None = Query(None, allow_inf_nan=False, description="Unix time: events at or after it"),
@@ -46,7 +47,7 @@ def list_events(
     return EventPage(events=shown, next_after_id=events[-1]["id"] if len(events) == limit else None)
 
 
-@router.get("/events/stream", response_class=StreamingResponse,
+@router.get(api.EVENTS_STREAM, response_class=StreamingResponse,
             responses={200: {"content": {"text/event-stream": {}}, "description": "an endless stream"}, 422: {}})
 async def stream_events(request: Request, s: ServicesDep, authorized: AuthorizedDep, group: GroupQuery = None,
                         type: TypesQuery = None) -> StreamingResponse:
@@ -74,7 +75,7 @@ async def stream_events(request: Request, s: ServicesDep, authorized: Authorized
     return StreamingResponse(feed(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
 
-@ingest_router.post(INGEST_PREFIX + "{group}", response_model=IngestResult, responses={409: {}, 422: {}, 503: {}})
+@ingest_router.post(api.INGEST, response_model=IngestResult, responses={409: {}, 422: {}, 503: {}})
 async def ingest(group: AdmittedGroupDep, body: IngestBatch, s: ServicesDep) -> IngestResult:
     """Agents post their group's events here in batches. Each invalid event is rejected alone
     (counted, with a line of why); the rest are stored together, once each (by ``eid``).
@@ -95,7 +96,7 @@ async def _store(s: Services, group: int, batch: IngestBatch, transport: Transpo
                                      "send_every_s": len(s.board.views) / s.settings.max_batches_per_s})
 
 
-@stream_router.websocket(INGEST_PREFIX + "{group}" + STREAM_SUFFIX)
+@stream_router.websocket(api.INGEST_STREAM)
 async def ingest_stream(websocket: WebSocket, group: GroupPath, s: ServicesDep) -> None:
     """An agent's stream: one batch per message, one :class:`StreamAnswer` per batch, in order.
     A group beyond ``--max-groups`` is refused at the handshake (its agent's POST says why)."""

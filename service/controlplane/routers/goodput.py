@@ -7,13 +7,14 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 from pydantic import Field
 
+from protocol import api
 from service.controlplane.deps import ServicesDep
 from service.controlplane.goodput import DEFAULT_GPUS, MAX_GPUS, Assumptions, GoodputOut, projection
 
-router = APIRouter(prefix="/api/v1", tags=["goodput"])
+router = APIRouter(tags=["goodput"])
 
 
-@router.get("/goodput", response_model=GoodputOut, responses={409: {}, 422: {}})
+@router.get(api.GOODPUT, response_model=GoodputOut, responses={409: {}, 422: {}})
 def projected_goodput(
     s: ServicesDep, assumptions: Annotated[Assumptions, Query()],
     gpus: list[Annotated[int, Field(ge=1, le=MAX_GPUS)]] = Query(list(DEFAULT_GPUS), max_length=20,

@@ -2,14 +2,16 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from service.controlplane.deps import AuthorizedDep, ServicesDep, group_out, redacted
+from protocol import api
+from service.controlplane.deps import AuthorizedDep, ServicesDep
+from service.controlplane.presenters import group_out, redacted
 from service.controlplane.lighthouse import LighthouseUnreachable
 from service.controlplane.models import HeartbeatOut, QuorumMemberOut, QuorumOut
 
-router = APIRouter(prefix="/api/v1", tags=["quorum"])
+router = APIRouter(tags=["quorum"])
 
 
-@router.get("/quorum", response_model=QuorumOut)
+@router.get(api.QUORUM, response_model=QuorumOut)
 async def quorum(s: ServicesDep, authorized: AuthorizedDep) -> QuorumOut:
     """The quorum as the Lighthouse sees it (asked at most ``--quorum-view-max-age-s`` ago, once
     for every viewer), joined with what each group last reported. Full

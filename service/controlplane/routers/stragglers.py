@@ -1,16 +1,16 @@
 from __future__ import annotations
 
-from dataclasses import asdict
 
 from fastapi import APIRouter
 
+from protocol import api
 from service.controlplane.deps import ServicesDep
-from service.controlplane.models import StragglerScoreOut, StragglersOut
+from service.controlplane.models import StragglersOut
 
-router = APIRouter(prefix="/api/v1", tags=["stragglers"])
+router = APIRouter(tags=["stragglers"])
 
 
-@router.get("/stragglers", response_model=StragglersOut)
+@router.get(api.STRAGGLERS, response_model=StragglersOut)
 def stragglers(s: ServicesDep) -> StragglersOut:
     """The straggler detector's latest verdict over every training group's last window of steps."""
     t = s.stragglers
@@ -18,5 +18,5 @@ def stragglers(s: ServicesDep) -> StragglersOut:
     return StragglersOut(
         pattern=v.pattern, flagged=t.flagged, slowdown=v.slowdown if v.group == t.flagged else None,
         policy=t.policy, factor=t.factor, window=t.window,
-        groups=[StragglerScoreOut(**asdict(score)) for _, score in sorted(v.scores.items())],
+        groups=[score for _, score in sorted(v.scores.items())],
     )

@@ -4,6 +4,7 @@ const COLORS = ["#58a6ff", "#3fb950", "#d29922", "#bc8cff", "#f85149", "#39c5cf"
 const NOTABLE = new Set(["process", "heal", "quorum", "commit_failed", "checkpoint", "exit", "straggler", "partition", "sdc"]);
 const SDC_BADGE_S = 600;  // a group's latest gradient-check incident stays on its card this long
 const series = { loss: new Map(), step_s: new Map() };  // group -> [[step, value]]
+const API = "/api/v1";  // protocol/api.py's PREFIX: every path below is relative to it, as there
 const $ = (id) => document.getElementById(id);
 const esc = (text) => String(text).replace(/[&<>"']/g, (c) => `&#${c.charCodeAt(0)};`);
 const tokenInput = $("token");
@@ -21,7 +22,7 @@ async function api(method, path, body) {
     if (!tokenInput.value) { notice("Enter the bearer token (ftctl up printed it) to do that."); return null; }
     headers.Authorization = "Bearer " + tokenInput.value;
   }
-  const response = await fetch(path, { method, headers, body: body ? JSON.stringify(body) : undefined });
+  const response = await fetch(API + path, { method, headers, body: body ? JSON.stringify(body) : undefined });
   const data = await response.json().catch(() => ({}));
   if (!response.ok) { notice(`${method} ${path}: ${data.detail || response.status}`); return null; }
   return data;
@@ -127,9 +128,36 @@ function fillCard(card, g) {
 }
 
 async function command(group, action) {
-  const result = await api("POST", `/api/v1/groups/${group}/${action}`);
+  const result = await api("POST", `/groups/${group}/${action}`);
   if (result) notice(`group ${group}: ${action} sent; now ${result.group_state.state}`, true);
   refresh();
+}
+
+// Every stored event of these types since then, oldest first, page after page (at most
+// HISTORY_PAGES of them: the newest are the stream's); the newest id read.
+const HISTORY_PAGES = 20;
+async function loadHistory(types, since) {
+  const query = types.map((t) => `type=${t}`).join("&");
+  let after = 0;
+  for (let pages = 0; pages < HISTORY_PAGES; pages++) {
+    const page = await api("GET", `/events?${query}&since=${since}&limit=1000&after_id=${after}`);
+    (page?.events || []).forEach(ingest);
+    after = page?.events.at(-1)?.id ?? after;
+    if (!page?.next_after_id) break;
+  }
+  return after;
+}
+
+// The lines' end labels, each moved down (or up) until it is clear of the ones placed before.
+function labelled(ends) {
+  const placed = [];
+  for (const end of [...ends].sort((a, b) => a.y - b.y)) {
+    let y = Math.max(end.y, 12);
+    while (placed.some((p) => Math.abs(p.y - y) < 12 && Math.abs(p.x - end.x) < 40)) y += 12;
+    if (y > 200) y = Math.max(12, end.y - 12 * placed.filter((p) => Math.abs(p.x - end.x) < 40).length);
+    placed.push({ ...end, y });
+  }
+  return placed.map((p) => `<text x="${p.x}" y="${p.y}" fill="${p.color}">g${p.group}</text>`).join("");
 }
 
 function chart(svg, data, fmt) {
@@ -142,13 +170,15 @@ function chart(svg, data, fmt) {
   const sy = (y) => 205 - (190 * (y - y0)) / Math.max(1e-9, y1 - y0);
   let out = `<line class="axis" x1="40" y1="205" x2="600" y2="205"/><text x="0" y="15">${fmt(y1)}</text>` +
     `<text x="0" y="205">${fmt(y0)}</text><text x="600" y="218" text-anchor="end">step ${x1}</text>`;
+  const ends = [];
   for (const [group, pts] of lines) {
     // a gap in steps is time the group was down: the line breaks there
     const d = pts.map((p, i) => `${i && p[0] - pts[i - 1][0] <= 1 ? "L" : "M"}${sx(p[0]).toFixed(1)},${sy(p[1]).toFixed(1)}`).join("");
-    out += `<path d="${d}" fill="none" stroke="${COLORS[group % COLORS.length]}" stroke-width="2"/>` +
-      `<text x="${sx(pts.at(-1)[0]) - 30}" y="${sy(pts.at(-1)[1]) - 6}">g${group}</text>`;
+    const color = COLORS[group % COLORS.length];
+    out += `<path d="${d}" fill="none" stroke="${color}" stroke-width="2"/>`;
+    ends.push({ group, color, x: Math.round(sx(pts.at(-1)[0]) - 30), y: Math.round(sy(pts.at(-1)[1]) - 6) });
   }
-  svg.innerHTML = out;
+  svg.innerHTML = out + labelled(ends);
 }
 
 function charted(group) {
@@ -200,13 +230,12 @@ function ingest(e) {
   addTimeline(e);
 }
 
-// fault class -> the drill that measures it and its report's "trains again" key
-const FAULT_CLASSES = [["crash", "kill-heal", "survivors_resume_s"], ["hang", "hang", "survivors_resume_s"],
-                       ["lighthouse", "lighthouse", "max_pause_s"], ["partition", "partition", "survivors_resume_s"]];
+// fault class -> the drill that measures it and its report's "trains again" key (GET /drills/kinds)
+let FAULT_CLASSES = [];
 const secs = (v) => (v != null ? v.toFixed(2) + "s" : "-");
 
 function byFaultClass(drills) {
-  const rows = FAULT_CLASSES.map(([fault, kind, resume]) => {
+  const rows = FAULT_CLASSES.map(({ fault_class: fault, kind, resume_key: resume }) => {
     const last = drills.find((d) => d.kind === kind && d.status === "done");
     return `<tr data-fault="${fault}"><td>${fault}</td><td>${secs(last?.report.detect_s)}</td>` +
       `<td>${secs(last?.report[resume])}</td></tr>`;
@@ -216,7 +245,7 @@ function byFaultClass(drills) {
 }
 
 async function renderDrills() {
-  const data = await api("GET", "/api/v1/drills");
+  const data = await api("GET", "/drills");
   if (!data) return;
   $("drills").innerHTML = byFaultClass(data.drills) + (data.drills.slice(0, 8).map((d) => {
     const r = d.report;
@@ -230,6 +259,23 @@ async function renderDrills() {
     return `<div class="drill">#${d.id} ${d.kind} ${d.group ?? ""} · <b>${d.status}</b> · ${r.phase}<br>${detail}</div>`;
   }).join("") || `<div class="dim">none yet</div>`);
 }
+
+// The way to --steps: the furthest group's step, tokens/s of the committed steps, the time left.
+function renderProgress(groups, d) {
+  const bar = $("progress");
+  const steps = d?.job?.steps;
+  const done = Math.max(...groups.map((g) => g.step ?? -1));
+  bar.hidden = !steps || done < 0;
+  if (bar.hidden) return;
+  const share = Math.min(1, done / steps);
+  const stepS = groups.filter((g) => g.state === "training" && g.step_s).map((g) => g.step_s).sort((a, b) => a - b);
+  const eta = stepS.length && done < steps ? ` · ETA ${duration((steps - done) * stepS[stepS.length >> 1])}` : "";
+  const rate = d.tokens_per_s != null ? ` · ${Math.round(d.tokens_per_s).toLocaleString()} tokens/s` : "";
+  bar.innerHTML = `<progress max="${steps}" value="${done}"></progress> step <b>${done.toLocaleString()}</b> of ` +
+    `${steps.toLocaleString()} (${(100 * share).toFixed(0)}%)${rate}${eta}`;
+}
+
+const duration = (s) => (s < 120 ? `${s.toFixed(0)}s` : s < 7200 ? `${(s / 60).toFixed(0)}m` : `${(s / 3600).toFixed(1)}h`);
 
 function renderData(d) {
   const bar = $("data");
@@ -245,10 +291,11 @@ function renderData(d) {
 }
 
 async function refresh() {
-  const [q, d] = await Promise.all([api("GET", "/api/v1/quorum"), api("GET", "/api/v1/data")]);
+  const [q, d] = await Promise.all([api("GET", "/quorum"), api("GET", "/data")]);
   renderData(d);
   if (!q) return;
   renderGroups(q.groups);
+  renderProgress(q.groups, d);
   $("quorum").innerHTML = q.lighthouse_reachable
     ? `quorum <b>${q.quorum_id}</b> · members <b>${q.members.length > DENSE_AT ? q.members.length + " groups"
         : q.members.map((m) => "g" + m.group).join(", ") || "none"}</b> · ${q.heartbeating ?? "?"} heartbeating`
@@ -261,25 +308,32 @@ async function start() {
   // The groups first, from the board alone: the quorum's answer waits on the Lighthouse, which
   // at hundreds of groups is busy forming quorums. Then the quorum and the drills, together; the
   // history below can take a while at hundreds of groups.
-  const groups = await api("GET", "/api/v1/groups");
+  const groups = await api("GET", "/groups");
   if (groups) renderGroups(groups);
+  const kinds = await api("GET", "/drills/kinds");
+  FAULT_CLASSES = (kinds || []).filter((k) => k.fault_class)
+    .sort((a, b) => a.fault_class.localeCompare(b.fault_class));
   await Promise.all([refresh(), renderDrills()]);
-  const since = Date.now() / 1000 - 600;
+  // The stream opens first and holds what it brings while the history loads, so nothing falls
+  // between the two: then what the history already had (by event id) is dropped.
   const shown = ["step", ...NOTABLE];  // the charts' steps and the timeline's kinds
-  for (const type of shown) {
-    const page = await api("GET", `/api/v1/events?type=${type}&since=${since}&limit=1000`);
-    (page?.events || []).forEach(ingest);
-  }
-  const stream = new EventSource("/api/v1/events/stream");
-  stream.onmessage = (m) => ingest(JSON.parse(m.data));
-  for (const type of shown) {
-    stream.addEventListener(type, (m) => ingest(JSON.parse(m.data)));
-  }
+  const held = [];
+  let seen = null;  // the newest event id of the history, once it is in
+  const take = (m) => {
+    const e = JSON.parse(m.data);
+    if (seen === null) held.push(e); else if (e.id > seen) ingest(e);
+  };
+  const stream = new EventSource(API + "/events/stream");
+  stream.onmessage = take;
+  for (const type of shown) stream.addEventListener(type, take);
+  seen = await loadHistory(shown, Date.now() / 1000 - 600);
+  held.filter((e) => e.id > seen).forEach(ingest);
   $("drill").addEventListener("click", async () => {
-    const groups = [...document.querySelectorAll("#groups > [data-group]")].filter((c) => c.dataset.state === "training");
-    if (groups.length < 2) { notice("A kill-heal drill needs two groups training."); return; }
-    const group = Number(groups.at(-1).dataset.group);
-    const drill = await api("POST", "/api/v1/drills", { kind: "kill-heal", group });
+    // the last group training (the control plane says why when none can be drilled)
+    const cards = [...document.querySelectorAll("#groups > [data-group]")];
+    const training = cards.filter((c) => c.dataset.state === "training");
+    const group = Number((training.at(-1) ?? cards.at(-1))?.dataset.group ?? 0);
+    const drill = await api("POST", "/drills", { kind: "kill-heal", group });
     if (drill) notice(`drill ${drill.id} started on group ${group}`, true);
   });
   setInterval(refresh, 1000);

@@ -1,0 +1,141 @@
+"""The README's headline table, made from the committed results: every number in it is read
+from the JSON file its row links, so the table cannot drift from the measurements.
+
+    python -m bench.headline            # print the table
+    python -m bench.headline --write    # put it into README.md between its markers
+
+``tests/unit/test_headline.py`` checks that the README holds exactly what this renders.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics as st
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "bench" / "results"
+START, END = "<!-- headline:start -->", "<!-- headline:end -->"
+
+
+def load(name: str) -> dict:
+    return json.loads((RESULTS / name).read_text())
+
+
+def span(values: list[float], fmt: str) -> str:
+    return f"{min(values):{fmt}}–{max(values):{fmt}}"
+
+
+def rejoins(name: str) -> list[dict]:
+    """The reports of a cold-start result's rejoins that ran to the end."""
+    return [x["report"] for x in load(name)["rejoins"] if x["status"] == "done"]
+
+
+def rows() -> list[tuple[str, str, str]]:
+    """(what, result, the committed file it comes from), in the README's order."""
+    out = []
+
+    f = "faults-20261203T182839Z.json"
+    d, s = load(f), load(f)["settings"]
+    kill = [r["report"] for r in d["runs"] if r["fault"] == "kill" and r["status"] == "done"]
+    v = [x["survivors_resume_s"] for x in kill]
+    out.append(("Kill a replica group (SIGKILL) → the other groups commit again",
+                f"{st.median(v):.2f} s median ({span(v, '.2f')} s) over {len(v)} kills, "
+                f"{min(s['groups'])}–{max(s['groups'])} groups × {s['ranks_per_group']} rank", f))
+    hang = [r["report"] for r in d["runs"] if r["fault"] == "hang" and r["status"] == "done"]
+    v = [x["survivors_resume_s"] for x in hang]
+    out.append(("Hang a group (every rank SIGSTOPped) → the watchdog ends it, the others commit again",
+                f"{st.median(v):.2f} s median ({span(v, '.2f')} s) over {len(v)} hangs", f))
+
+    f = "faults-20261203T230452Z.json"
+    d = load(f)
+    lh = [r["report"] for r in d["runs"] if r["fault"] == "lighthouse" and r["status"] == "done"]
+    v = [x["survivors_resume_s"] for x in lh]
+    out.append(("Kill the Lighthouse → it restarts, every group commits again",
+                f"{st.median(v):.2f} s median ({span(v, '.2f')} s) over {len(v)} kills; "
+                f"{sum(x['steps_lost'] for x in lh)} steps lost, "
+                f"{sum(len(x['process_exits']) for x in lh)} group processes restarted", f))
+
+    f = "recovery-20261207T063628Z.json"
+    d = load(f)
+    ft, classic = ([r["kill_to_full_s"] for r in d[path]] for path in ("torchft", "classic"))
+    out.append(("Kill a group → every group trains again: fail-over to a warm spare vs a classic torchrun restart",
+                f"{st.median(ft):.2f} s vs {st.median(classic):.2f} s median ({st.median(classic) / st.median(ft):.1f}×, "
+                f"{len(ft)} kills each, {d['settings']['groups']} groups × {d['settings']['ranks_per_group']} ranks)",
+                f))
+
+    f = "cold-start-20261204T202847Z.json"
+    rj = rejoins(f)
+    v = [x["rejoin_to_healed_commit_s"] for x in rj]
+    out.append(("Rejoin a killed group (forked from its zygote) → first healed commit",
+                f"{st.median(v):.2f} s median ({span(v, '.2f')} s); "
+                f"{st.median(x['heal_bytes'] for x in rj) / 1e6:.1f} MB healed from a peer; "
+                f"fingerprints equal {sum(x['fingerprints_equal'] for x in rj)} of {len(rj)}", f))
+
+    f = "cold-start-20261204T191037Z.json"
+    v = [x["rejoin_to_healed_commit_s"] for x in rejoins(f)]
+    out.append(("The same rejoin as a cold torchrun start (`--no-zygote`)",
+                f"{st.median(v):.2f} s median ({span(v, '.2f')} s)", f))
+
+    f = "checkpoint-20261205T074522Z.json"
+    d = load(f)
+    n = sum(len(t["stall_s"]) for t in d["turns"] if t["asynchronous"])
+    out.append(("Step stall for a checkpoint, written off the step vs synchronously",
+                f"{d['stall_async_s']:.3f} s vs {d['stall_sync_s']:.2f} s median ({n} saves each)", f))
+
+    f = "overhead-20261204T151803Z.json"
+    d = load(f)
+    s = d["settings"]
+    out.append(("Median step: torchft HSDP with the gradient check vs plain FSDP2 HSDP without torchft",
+                f"{d['check_step_s']:.3f} s vs {d['classic_step_s']:.3f} s "
+                f"({s['groups']} groups × {s['ranks_per_group']} ranks)", f))
+
+    f = "chaos-20261204T210114Z.json"
+    c = load(f)["chaos"]["report"]
+    out.append((f"Goodput with a random kill every {c['mtbf_s']:.0f} s on average (warm spares, fail-over)",
+                f"{c['goodput'] * 100:.1f}% over {len(c['kills'])} kills in {c['duration_s']:.0f} s", f))
+
+    f = "ingest-20261206T024038Z.json"
+    d = load(f)
+    x = max(d["runs"], key=lambda r: r["groups"])
+    out.append((f"Control plane at {x['groups']:,} groups: ingest lag p99, `GET /groups` p99",
+                f"{x['ingest_lag_s']['p99']:.2f} s, {x['api_groups_s']['p99'] * 1000:.0f} ms "
+                f"({x['events_per_s']:,.0f} events/s, {x['metrics_series']:,} series)", f))
+
+    f = "workloads-20261207T050806Z.json"
+    d = load(f)
+    x = next(r for r in d["runs"] if r["config"] == "llama3_debugmodel_bytes" and r["dtype"] == "fp32"
+             and r["ranks_per_group"] == 1)
+    out.append((f"Training throughput, default model ({x['parameters'] / 1e6:.1f}M parameters, {x['dtype']}), "
+                f"{x['groups']} groups × {x['ranks_per_group']} rank",
+                f"{x['tokens_per_s']:,.0f} tokens/s in all, {x['step_s']:.2f} s a step", f))
+    return out
+
+
+
+def table() -> str:
+    lines = ["| what | result | source |", "|---|---|---|"]
+    lines += [f"| {what} | {result} | [{name}](bench/results/{name}) |" for what, result, name in rows()]
+    return "\n".join(lines)
+
+
+def readme_table(readme: str) -> str:
+    """The table the README holds between its markers."""
+    return readme.split(START, 1)[1].split(END, 1)[0].strip()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--write", action="store_true", help="replace the README's table with this one")
+    args = parser.parse_args()
+    if not args.write:
+        print(table())
+        return
+    path = REPO / "README.md"
+    readme = path.read_text()
+    path.write_text(readme.replace(readme_table(readme), table()))
+
+
+if __name__ == "__main__":
+    main()
