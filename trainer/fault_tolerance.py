@@ -11,12 +11,8 @@ from __future__ import annotations
 import hashlib
 import os
 import socket
-import socketserver
-import threading
 import time
-import urllib.request
 from datetime import timedelta
-from http.server import ThreadingHTTPServer
 from typing import Any, Callable
 
 import psutil
@@ -25,8 +21,6 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.fsdp import FSDPModule
 from torchft import Manager, ProcessGroupGloo, ProcessGroupNCCL
-from torch.distributed._serialization import _streaming_load
-from torchft.checkpointing import HTTPTransport
 from torchft.manager import REPLICA_ID_KEY, WorldSizeMode
 from torchft.process_group import ManagedProcessGroup, ProcessGroup
 
@@ -35,6 +29,7 @@ from protocol.replicas import replica_name
 from trainer.advertise import advertised_host
 from trainer.config import TrainerConfig
 from trainer.errors import ConfigError
+from trainer.heal_transport import StreamTransport
 from trainer.state import local
 from trainer.telemetry import ProgressBeacon
 
@@ -80,59 +75,6 @@ def check_lighthouse_reachable(address: str, timeout_s: float = LIGHTHOUSE_PROBE
             f"cannot reach the torchft Lighthouse at {address} ({why}); start one "
             "(ftctl up, or torchft_lighthouse) or point --lighthouse / TORCHFT_LIGHTHOUSE at it"
         )
-
-
-class HealTransport(HTTPTransport):
-    """torchft's HTTP checkpoint transport, made safe to expose, and timed.
-
-    torchft's serves on every interface the whole model and optimizer of a live rank; this one
-    serves only on the address ``host`` resolves to (the name other groups reach this group by:
-    loopback on one machine, the node's own address across hosts). torchft loads what it fetches
-    with ``torch.load(weights_only=False)``, which runs whatever code a pickle names: a fake replica
-    that joined the Lighthouse with a high step would become the source others heal from, and run
-    its code in them. This one loads with ``weights_only=True``: tensors, numbers, strings and
-    containers, which is all our state holds (``trainer/state.py``). ``last_fetch_s`` is how long
-    the last heal's fetch took.
-    """
-
-    def __init__(self, timeout: timedelta, host: str):
-        self.host = host
-        self.last_fetch_s = 0.0
-        super().__init__(timeout=timeout, num_chunks=0)
-        handler = self._server.RequestHandlerClass
-        threading.Thread(target=_retire, args=(self._server, self._thread), name="heal-server-retire",
-                         daemon=True).start()
-        family, _, _, _, (address, *_) = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)[0]
-        server_type = type("BoundHTTPServer", (ThreadingHTTPServer,), {"address_family": family,
-                                                                      "request_queue_size": 1024})
-        self._server = server_type((address, 0), handler)
-        self._thread = threading.Thread(target=self._serve, name="heal-server", daemon=True)
-        self._thread.start()
-
-    def address(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self._server.server_address[1]}/checkpoint/"
-
-    @classmethod
-    def _load_from_address(cls, address: str, timeout: timedelta) -> object:
-        with urllib.request.urlopen(address, timeout=timeout.total_seconds()) as f:
-            return _streaming_load(f, weights_only=True)
-
-    def recv_checkpoint(self, src_rank, metadata, step, timeout):
-        start = time.perf_counter()
-        try:
-            return super().recv_checkpoint(src_rank, metadata, step, timeout)
-        finally:
-            self.last_fetch_s = time.perf_counter() - start
-
-
-def _retire(server: socketserver.BaseServer, thread: threading.Thread) -> None:
-    """Stop torchft's own heal server (on every interface) in the background: its serve loop
-    notices a shutdown only at its next 0.5 s poll, which a start need not wait for. Its address
-    is never published and nothing is sent through it (a heal waits for a quorum, seconds later)."""
-    server.shutdown()
-    server.server_close()
-    thread.join()
 
 
 def _connected_tcp_sockets() -> dict[int, int]:
@@ -290,11 +232,11 @@ class FailFastManager(Manager):
 
 
 def build_manager(cfg: TrainerConfig, load_state_dict: Callable[[Any], None],
-                  state_dict: Callable[[], Any]) -> tuple[FailFastManager, HealTransport]:
+                  state_dict: Callable[[], Any]) -> tuple[FailFastManager, StreamTransport]:
     timeout = timedelta(seconds=cfg.timeout_s)
     pg = ProcessGroupNCCL(timeout=timeout) if cfg.across_groups == "nccl" else AbortableProcessGroupGloo(timeout=timeout)
     host = advertised_host(cfg)
-    transport = HealTransport(timeout, host)
+    transport = StreamTransport(timeout, host)
     manager = FailFastManager(
         pg=pg,
         load_state_dict=load_state_dict,

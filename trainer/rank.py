@@ -30,13 +30,13 @@ from trainer.checkpoint import Checkpointer, Found, step_of
 from trainer.config import TrainerConfig
 from trainer.fault_tolerance import (
     FailFastManager,
-    HealTransport,
     ManagerInternals,
     ReplicateAllReduce,
     build_manager,
     check_lighthouse_reachable,
 )
 from trainer.gradient_check import GradientCheck
+from trainer.heal_transport import StreamTransport
 from trainer.hooks import DrillHooks
 from trainer.job import describe
 from trainer.telemetry import EventSink, ProgressBeacon, TorchftLogBridge
@@ -73,7 +73,7 @@ class Rank:
     sink: EventSink
     checkpointer: Checkpointer | None
     manager: FailFastManager
-    transport: HealTransport
+    transport: StreamTransport
     internals: ManagerInternals
     replicate: ReplicateAllReduce
     check: GradientCheck | None

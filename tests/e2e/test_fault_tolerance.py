@@ -15,16 +15,13 @@ from datetime import timedelta
 from importlib.metadata import version
 from pathlib import Path
 
-import pytest
-import torch
 import torch.distributed as dist
 from torchft import Manager, ProcessGroupGloo
-from torchft.checkpointing import HTTPTransport
 
 from cluster import REPO
 from protocol.replicas import group_of, replica_name
 from protocol.torchrun import free_port
-from trainer.fault_tolerance import TORCHFT_VERSION, HealTransport, ManagerInternals
+from trainer.fault_tolerance import TORCHFT_VERSION, ManagerInternals
 
 
 def test_the_manager_internals_the_trainer_reads_exist_in_the_pinned_torchft(lighthouse):
@@ -79,37 +76,3 @@ def test_the_group_leaves_no_rendezvous_keys_a_restarted_lighthouse_could_trip_o
     assert "keys left 0" in out[0], out
 
 
-class _RunsCode:
-    """A pickle that, loaded without weights_only, calls ``Path.touch`` on its marker."""
-
-    def __init__(self, marker: Path):
-        self.marker = marker
-
-    def __reduce__(self):
-        return Path.touch, (self.marker,)
-
-
-def test_the_heal_transport_serves_on_its_address_alone_and_never_runs_a_peers_code(tmp_path):
-    """torchft's own transport listens on every interface and loads with weights_only=False."""
-    assert HTTPTransport(timedelta(seconds=5), num_chunks=0)._server.server_address[0] == "::", \
-        "torchft's transport no longer binds every interface: HealTransport may not need to replace its server"
-    serving, fetching = (HealTransport(timedelta(seconds=5), "127.0.0.1") for _ in range(2))
-    try:
-        assert serving._server.server_address[0] == "127.0.0.1"
-        assert serving.metadata().startswith("http://127.0.0.1:")
-        state = {"user": {"model": {"w": torch.arange(4.0)},
-                          "lr_scheduler": {"base_lrs": [0.1], "last_epoch": 3, "lr_lambdas": [None]},
-                          "position": {"batches_skipped": 2}},
-                 "torchft": {"step": 3, "batches_committed": 6}}
-        serving.send_checkpoint([1], 3, state, timedelta(seconds=5))
-        healed = fetching.recv_checkpoint(0, serving.metadata(), 3, timedelta(seconds=5))
-        assert torch.equal(healed["user"]["model"]["w"], torch.arange(4.0)) and healed["torchft"]["step"] == 3
-        assert healed["user"]["lr_scheduler"]["lr_lambdas"] == [None] and fetching.last_fetch_s > 0
-        marker = tmp_path / "ran"
-        serving.send_checkpoint([1], 4, {"user": _RunsCode(marker)}, timedelta(seconds=5))
-        with pytest.raises(Exception, match="Unsupported global"):
-            fetching.recv_checkpoint(0, serving.metadata(), 4, timedelta(seconds=5))
-        assert not marker.exists(), "a peer's pickle ran code in the healing rank"
-    finally:
-        serving.shutdown()
-        fetching.shutdown()
