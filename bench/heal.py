@@ -11,8 +11,9 @@ same run:
   bytes into preallocated tensors, a CRC-32 per tensor checked on arrival);
 - ``torchft-http``: torchft's ``HTTPTransport`` (``torch.save`` of the whole state on the way
   out, ``torch.load`` on the way in), which this project used before;
-- ``raw-tcp``: the same tensors' bytes over one TCP connection, from their memory into
-  preallocated tensors, nothing else: what the machine's loopback allows from Python.
+- ``raw-tcp``: the same tensors' bytes over one TCP connection, from their memory into tensors
+  allocated as they arrive and kept (as a transport keeps them), nothing else: what the
+  machine's loopback and fresh memory allow from Python.
 
 Writes ``bench/results/heal-*.json``; the README's numbers for heal throughput come from there.
 """
@@ -94,10 +95,11 @@ def fetch(way: str, address: str, state_gb: float, tensor_mib: int, out: mp.Queu
         transport.recv_checkpoint(0, address, 1, TIMEOUT)
     else:
         host, port = address.split(":")
+        received = []  # kept, as a transport keeps what it receives: fresh memory, not one reused tensor
         with socket.create_connection((host, int(port))) as conn:
             for _ in range(count):
-                t = torch.empty(tensor_mib * 2**20 // 4)
-                view, got = memoryview(t.numpy()).cast("B"), 0
+                received.append(torch.empty(tensor_mib * 2**20 // 4))
+                view, got = memoryview(received[-1].numpy()).cast("B"), 0
                 while got < len(view):
                     got += conn.recv_into(view[got:])
     seconds = time.perf_counter() - start
