@@ -125,6 +125,15 @@ class Up:
                 raise TimeoutError(f"the warm spares of groups {groups} were not ready within {timeout_s:.0f}s")
             time.sleep(1)
 
+    def full_quorum_steps(self, groups: int, warmup: int, steps: int, group: int | None = None) -> list[dict]:
+        """Once every group has committed ``warmup + steps`` steps: the rank-0 committed step
+        events (of ``group``, or of every group) after the warm-up, of quorums that held all
+        ``groups`` groups."""
+        while min(g["step"] or 0 for g in self.control.groups()) < warmup + steps:
+            time.sleep(1)
+        return [e for e in self.control.events(group=group, type="step", limit=1000)
+                if e["rank"] == 0 and e["committed"] and e["participants"] == groups and e["step"] > warmup]
+
     def drill(self, body: dict, poll_s: float = 0.5) -> dict:
         """Start a drill and wait for its report."""
         return self.control.run_drill(body, poll_s)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import statistics
 import tempfile
-import time
 from pathlib import Path
 
 from bench.common import Up, job_parser, write_result
@@ -23,11 +22,7 @@ def measure(groups: int, ranks_per_group: int, steps: int, warmup: int, extra: l
     up = Up(state, groups, ranks_per_group, ["--checkpoint-every=1000000", *extra], zygote=zygote)
     try:
         up.wait_training()
-        target = warmup + steps
-        while min(g["step"] or 0 for g in up.control.groups()) < target:
-            time.sleep(1)
-        events = [e for e in up.control.events(group=0, type="step", limit=1000)
-                  if e["rank"] == 0 and e["committed"] and e["participants"] == groups and e["step"] > warmup]
+        events = up.full_quorum_steps(groups, warmup, steps, group=0)
     finally:
         up.stop()
     pick = lambda key: statistics.median(e[key] for e in events[:steps])  # noqa: E731

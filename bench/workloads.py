@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import tempfile
-import time
 from pathlib import Path
 
 from bench.common import Up, write_result
@@ -40,10 +39,7 @@ def measure(name: str, flags: list[str], groups: int, ranks: int, steps: int, wa
             join_timeout_ms=60_000)  # the first quorum waits for every group: none trains the first steps alone
     try:
         up.wait_training(timeout_s=3600)
-        while min(g["step"] or 0 for g in up.control.groups()) < warmup + steps:
-            time.sleep(2)
-        events = [e for e in up.control.events(type="step", limit=1000)
-                  if e["rank"] == 0 and e["committed"] and e["participants"] == groups and e["step"] > warmup]
+        events = up.full_quorum_steps(groups, warmup, steps)
         start = next(e for e in up.control.events(type="start", limit=10))
     finally:
         up.stop()

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 HEADER_LENGTH_BYTES = 8
 CRC_BYTES = 4
@@ -36,6 +36,10 @@ class Leaf(BaseModel):
 
 
 class HealHeader(BaseModel):
+    """Non-finite floats (an LR scheduler's ``inf``) travel as JSON's NaN/Infinity constants."""
+
+    model_config = ConfigDict(ser_json_inf_nan="constants")
+
     step: int
     spec: str = Field(description="the state's tree structure (torch.utils._pytree.treespec_dumps)")
     leaves: list[Leaf]

@@ -50,7 +50,8 @@ class DrillFlags(ApiFlags):
         """The request for ``self.kind``, checked here: one line naming the flag if it is wrong."""
         request = DRILLS[self.kind].Request
         fields = {name for name in request.model_fields if name != "kind"}
-        stray = sorted(f for f in self.__class__.flags if getattr(self, f) not in (None, False)
+        flags = set(type(self).model_fields) - set(DrillFlags.model_fields) - {"kind"}
+        stray = sorted(f for f in flags if getattr(self, f) not in (None, False)
                        and f not in {flag_of(n) for n in fields})
         if stray:
             raise ApiError(f"drill {self.kind} takes no {', '.join('--' + f.replace('_', '-') for f in stray)}")
@@ -65,14 +66,11 @@ class DrillFlags(ApiFlags):
 
 
 def _drill_command() -> type[DrillFlags]:
-    flags = _flags()
-    command = create_model(
+    return create_model(
         "DrillCommand", __base__=DrillFlags,
         kind=(CliPositionalArg[Literal[tuple(DRILLS)]], Field(description="; ".join(
             f"{kind}: {drill.summary}" for kind, drill in DRILLS.items()))),
-        **{flag: _flag_field(uses) for flag, uses in flags.items()})
-    command.flags = tuple(flags)
-    return command
+        **{flag: _flag_field(uses) for flag, uses in _flags().items()})
 
 
 DrillCommand = _drill_command()

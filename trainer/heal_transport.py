@@ -62,7 +62,7 @@ def describe(step: int, state: Any) -> tuple[HealHeader, list[torch.Tensor]]:
             described.append(Leaf(path=where, tensor=TensorLeaf(dtype=str(value.dtype).removeprefix("torch."),
                                                                 shape=list(value.shape), nbytes=value.nbytes)))
             tensors.append(value)
-        elif isinstance(value, JSON_VALUES) and not (isinstance(value, float) and value != value):
+        elif isinstance(value, JSON_VALUES):
             described.append(Leaf(path=where, value=value))
         else:
             raise TypeError(f"the state holds a {type(value).__name__} at {where}: only tensors and JSON values heal")

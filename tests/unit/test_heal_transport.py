@@ -30,7 +30,8 @@ def state() -> dict:
     return {"user": {"model": {"w": torch.randn(64, 33), "b": torch.randn(7).to(torch.bfloat16),
                                "empty": torch.empty(0, 4), "t": torch.arange(24.0).reshape(4, 6).t()},
                      "optimizer": {"w": {"step": torch.tensor(9, dtype=torch.int64), "mask": torch.rand(5) > 0.5}},
-                     "lr_scheduler": {"base_lrs": [0.1], "last_epoch": 3, "lr_lambdas": [None], "name": "warmup"}},
+                     "lr_scheduler": {"base_lrs": [0.1], "last_epoch": 3, "lr_lambdas": [None], "name": "warmup",
+                                      "best": float("inf")}},
             "torchft": {"step": 3, "batches_committed": 6}}
 
 

@@ -20,6 +20,7 @@ from protocol.events import Event
 from service.controlplane.bus import StoredEvent
 from service.controlplane.drills.context import DrillContext, DrillServices
 from service.controlplane.drills.rows import Row
+from service.controlplane.drills.timeline import FaultTimeline
 from service.controlplane.errors import DrillConflict
 
 MAX_ID = 1_000_000
@@ -172,7 +173,7 @@ def require_training_with_another(services: DrillServices, group: int, what: str
 
 def require_survivors(services: DrillServices, group: int) -> frozenset[int]:
     """The groups that keep training through a fault of ``group``: at least one."""
-    survivors = frozenset(services.control.board.training()) - {group}
+    survivors = FaultTimeline.survivors_of(group, services.control.board.views)
     if not survivors:
         raise DrillConflict(f"no other group is training: a fault of group {group} would stop the job, not drill it")
     return survivors

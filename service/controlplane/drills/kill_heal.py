@@ -117,6 +117,11 @@ class KillHeal(Drill):
         return []
 
     @classmethod
+    def heal_rows(cls, r: dict) -> list[Row]:
+        """What this kind times of the group's return besides the rejoin (a kill: nothing more)."""
+        return []
+
+    @classmethod
     def rows(cls, r: dict) -> list[Row]:
         fault = cls.fault_phase
         return [
@@ -128,7 +133,7 @@ class KillHeal(Drill):
             ("survivor steps lost", shown(r.get("survivors_steps_lost"))),
             ("rejoined by", REJOINED_BY.get(r.get("rejoined_by"), "-")),
             ("rejoin → healed commit", secs(r.get("rejoin_to_healed_commit_s"))),
-            *([("mended → healed commit", secs(r.get("mend_to_healed_commit_s")))] if "mended_at" in r else []),
+            *cls.heal_rows(r),
             (f"{fault} → all groups training", secs(r.get("kill_to_full_s"))),
             ("healed at step", shown(r.get("healed_step"))),
             ("heal transfer (rank 0)", f"{r['heal_bytes'] / 2**20:.1f} MiB in {r['heal_fetch_s']:.2f} s"

@@ -30,7 +30,7 @@ from protocol.network import is_loopback, resolve
 from service.controlplane.drills.base import MAX_ID, DrillBody, FaultClass, Prepared, TimeoutField, require_survivors
 from service.controlplane.drills.context import DrillServices
 from service.controlplane.drills.kill_heal import KillHeal, KillHealReport
-from service.controlplane.drills.rows import Row
+from service.controlplane.drills.rows import Row, secs
 from service.controlplane.drills.timeline import Milestone
 from service.controlplane.errors import AgentUnreachable, DomainError, DrillConflict, DrillFailed
 from service.controlplane.partition import survivors
@@ -160,6 +160,10 @@ class Partition(KillHeal):
             ("kept", ", ".join(map(str, r.get("kept") or [])) or "-"),
             ("rule", r.get("rule") or "-"),
         ]
+
+    @classmethod
+    def heal_rows(cls, r: dict) -> list[Row]:
+        return [("mended → healed commit", secs(r.get("mend_to_healed_commit_s")))]
 
     def __init__(self, *args) -> None:
         super().__init__(*args)
