@@ -57,9 +57,10 @@ def group_cells(g: dict) -> dict[str, str | Text]:
 
 
 def fitting(rows: list[dict[str, str | Text]], width: int) -> list[str]:
-    """The leading columns of :data:`COLUMNS` whose widest cells fit ``width`` (a box border and
-    three characters between columns); never fewer than the group and its state."""
-    shown, used = [], 4
+    """The leading columns of :data:`COLUMNS` whose widest cells fit ``width`` (the panel's border
+    and padding, 4, the table's last border, 1, and 3 around each column); never fewer than the
+    group and its state."""
+    shown, used = [], 5
     for name in COLUMNS:
         need = max([len(name), *(len(str(r[name])) for r in rows)]) + 3
         if len(shown) >= 2 and used + need > width:

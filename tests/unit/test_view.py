@@ -51,3 +51,21 @@ def test_text_from_the_server_is_printed_as_it_is_never_as_markup(capsys):
     failed = rows({"id": 3, "kind": "kill-heal", "group": 1, "status": "failed", "error": "heal: [/x] [red]",
                    "report": KillHealReport(group=1).model_dump()})
     assert failed["error"] == "heal: [/x] [red]"
+
+
+def test_a_narrow_terminal_drops_the_least_useful_columns_instead_of_cutting_every_one():
+    from service.view import cluster_view
+
+    groups = [{"group": g, "state": "down", "down_reason": "finished", "since": None, "step": 40, "loss": 2.671,
+               "step_s": 0.58, "participants": 2, "quorum_id": 17, "restarts": 0, "last_heal": None} for g in (0, 1)]
+    quorum = {"lighthouse_reachable": True, "quorum_id": 17, "members": [], "heartbeating": 0, "groups": groups}
+    headers = {}
+    for width in (80, 160):
+        console = Console(width=width, color_system=None)
+        with console.capture() as captured:
+            console.print(cluster_view(quorum, width=width))
+        shown = captured.get()
+        assert "…" not in shown and "down (finished)" in shown and "2.671" in shown, shown
+        headers[width] = next(line for line in shown.splitlines() if "┃" in line)
+    assert "restarts" in headers[80] and "quorum" not in headers[80], headers[80]
+    assert "quorum" in headers[160] and "last heal" in headers[160], headers[160]
