@@ -14,6 +14,8 @@ import json
 import statistics as st
 from pathlib import Path
 
+from service.controlplane.goodput import Assumptions, MeasuredRecovery, heal_time_s, transfer_s
+
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
 START, END = "<!-- headline:start -->", "<!-- headline:end -->"
@@ -65,6 +67,8 @@ def rows() -> list[tuple[str, str, str]]:
                 f"{len(ft)} kills each, {d['settings']['groups']} groups × {d['settings']['ranks_per_group']} ranks)",
                 f))
 
+    out += heal_rows()
+
     f = "cold-start-20261204T202847Z.json"
     rj = rejoins(f)
     v = [x["rejoin_to_healed_commit_s"] for x in rj]
@@ -91,6 +95,15 @@ def rows() -> list[tuple[str, str, str]]:
                 f"{d['check_step_s']:.3f} s vs {d['classic_step_s']:.3f} s "
                 f"({s['groups']} groups × {s['ranks_per_group']} ranks)", f))
 
+    f = "overhead-20261207T094429Z.json"
+    d = load(f)
+    s = d["settings"]
+    out.append((f"The same at Llama 3 138M, fp32 ({s['groups']} groups × {s['ranks_per_group']} rank)",
+                f"{d['check_step_s']:.2f} s (check on), {d['no_check_step_s']:.2f} s (off) vs {d['classic_step_s']:.2f} s: "
+                f"torchft costs {d['check_step_s'] / d['classic_step_s'] - 1:+.0%} / "
+                f"{d['no_check_step_s'] / d['classic_step_s'] - 1:+.0%} ([faults.md](docs/faults.md#cost-of-the-check-and-of-torchft))",
+                f))
+
     f = "chaos-20261204T210114Z.json"
     c = load(f)["chaos"]["report"]
     out.append((f"Goodput with a random kill every {c['mtbf_s']:.0f} s on average (warm spares, fail-over)",
@@ -112,6 +125,68 @@ def rows() -> list[tuple[str, str, str]]:
                 f"{x['tokens_per_s']:,.0f} tokens/s in all, {x['step_s']:.2f} s a step", f))
     return out
 
+
+
+def _heal(runs: list[dict], way: str, in_place: bool, sources: int = 1, state_gb: float | None = None) -> dict:
+    return next(r for r in runs if r["way"] == way and r["in_place"] == in_place and r["sources"] == sources
+                and (state_gb is None or r["state_gb"] == state_gb))
+
+
+def heal_rows() -> list[tuple[str, str, str]]:
+    """The heal transport alone (loopback, and links shaped as between hosts), and a rejoin at a
+    state over a GiB phase by phase, projected to 8B parameters on 8 GPUs a group."""
+    out = []
+    f = HEAL_LOOPBACK
+    runs = load(f)["runs"]
+    fresh, raw, torchft = (_heal(runs, w, False, state_gb=2.0) for w in ("stream", "raw-tcp", "torchft-http"))
+    in_place, raw_in_place = (_heal(runs, w, True, state_gb=2.0) for w in ("stream", "raw-tcp"))
+    out.append(("Heal a 2 GiB state (loopback, one source): this transport vs a raw TCP copy of the same tensors",
+                f"{in_place['gib_per_s']:.2f} vs {raw_in_place['gib_per_s']:.2f} GiB/s ({in_place['of_raw_tcp']:.0%}) "
+                f"in place, as a trainer's heal lands; {fresh['gib_per_s']:.2f} vs {raw['gib_per_s']:.2f} GiB/s "
+                f"({fresh['of_raw_tcp']:.0%}) into fresh memory, where torchft's pickling transport made "
+                f"{torchft['gib_per_s']:.2f}; peak memory "
+                f"+{max(r['extra_of_state'] for r in runs if r['way'] == 'stream'):.0%} of the state", f))
+    f = HEAL_LINK
+    d = load(f)
+    streams = sorted((r for r in d["runs"] if r["way"] == "stream"), key=lambda r: r["sources"])
+    out.append((f"Heal striped over live peers, each peer's link shaped to {d['settings']['link_mbit']} Mbit/s",
+                ", ".join(f"{r['sources']} source{'s' if r['sources'] > 1 else ''}: {r['gib_per_s'] * 2**30 / 1e6:.0f} MB/s"
+                          + (f" ({r['of_one_source']:.2f}×)" if r["sources"] > 1 else "") for r in streams), f))
+    f = RECOVERY_LARGE
+    d = load(f)
+    runs, s = d["torchft"], d["settings"]
+    phases = {p["phase"]: p for p in runs[0]["recovery"]}
+    seconds = {name: st.median(next(p["seconds"] for p in r["recovery"] if p["phase"] == name) for r in runs)
+               for name in phases}
+    rejoin = [r["rejoin_to_healed_commit_s"] for r in runs]
+    heal = st.median(r["heal_bytes"] for r in runs)
+    shown = [name for name in phases if phases[name]["within"] is None and seconds[name] >= 0.1]
+    out.append((f"Rejoin a killed group holding {heal / 1e9:.1f} GB ({s['workload']}, {s['groups']} groups × "
+                f"{s['ranks_per_group']} rank) → first healed commit, phase by phase (medians, s)",
+                f"{st.median(rejoin):.2f} s median ({span(rejoin, '.2f')} s): "
+                + ", ".join(f"{phases[n]['label']} {seconds[n]:.2f}" for n in shown)
+                + f"; the transfer at {heal / 2**30 / seconds['transfer']:.2f} GiB/s", f))
+    projected = heal_time_s(measured_from(runs), Assumptions(state_gb_per_rank=12, heal_gb_per_s=25))
+    out.append(("The same rejoin with 8B parameters on 8 GPUs a group (12 GB a rank) at 25 GB/s "
+                "(`GET /api/v1/goodput?state_gb_per_rank=12&heal_gb_per_s=25`)",
+                f"{projected:.1f} s: this machine's other phases (its CPU's model build and steps) and 12 GB at "
+                "25 GB/s; torchft #329 measured 948 s from a fault to full recovery", f))
+    return out
+
+
+def measured_from(runs: list[dict]) -> MeasuredRecovery:
+    """What the control plane's goodput projection reads from its drills, from a bench.recovery run."""
+    median = lambda key: st.median(r[key] for r in runs)  # noqa: E731
+    return MeasuredRecovery(drills=len(runs), detect_s=median("detect_s"),
+                            reconfigure_s=st.median(r["survivors_resume_s"] - r["detect_s"] for r in runs),
+                            rejoin_to_healed_commit_s=median("rejoin_to_healed_commit_s"),
+                            heal_transfer_s=st.median(transfer_s(r) for r in runs), heal_bytes=median("heal_bytes"),
+                            survivor_steps_lost=median("steps_lost"), step_s=None)
+
+
+HEAL_LOOPBACK = "heal-20261207T092605Z.json"
+HEAL_LINK = "heal-20261207T091835Z.json"
+RECOVERY_LARGE = "recovery-20261207T093925Z.json"
 
 
 def table() -> str:

@@ -21,6 +21,8 @@ from pathlib import Path
 from bench.classic import ClassicJob
 from bench.common import REPO, job_parser, write_result
 from bench.step_time import measure
+from bench.workloads import WORKLOADS, workload_flags
+from protocol import defaults
 
 
 def classic_step_time(groups: int, ranks_per_group: int, steps: int, warmup: int, extra: list[str]) -> float:
@@ -40,13 +42,17 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=2, help="check-on and check-off jobs, taken in turn")
+    parser.add_argument("--workload", choices=list(WORKLOADS), help="bench/workloads.py's job (default: debugmodel)")
     parser.add_argument("--trainer-arg", action="append", default=[])
+    parser.add_argument("--join-timeout-ms", type=int, default=defaults.JOIN_TIMEOUT_MS,
+                        help="the Lighthouse's join timeout: longer than a step for a slow model")
     args = parser.parse_args()
+    args.trainer_arg = [*workload_flags(args.workload), *args.trainer_arg]
     runs: dict[str, list[dict]] = {"check": [], "no_check": []}
     for _ in range(args.repeats):
         for name, flags in (("check", []), ("no_check", ["--no-sdc-check"])):
             runs[name].append(measure(args.groups, args.ranks_per_group, args.steps, args.warmup,
-                                      [*args.trainer_arg, *flags]))
+                                      [*args.trainer_arg, *flags], join_timeout_ms=args.join_timeout_ms))
             print(f"  {name:<9} step {runs[name][-1]['step_s']:.3f} s", flush=True)
     classic = classic_step_time(args.groups, args.ranks_per_group, args.steps, args.warmup, args.trainer_arg)
     on, off = (statistics.median(r["step_s"] for r in runs[name]) for name in ("check", "no_check"))
@@ -60,8 +66,10 @@ def main() -> None:
     print(f"  the gradient check costs       {100 * share:+.1f}% of the step")
     print(f"  plain HSDP step                {classic:.3f} s")
     print(f"  torchft (check on) costs       {100 * (on / classic - 1):+.1f}% over plain HSDP")
+    wait_share = statistics.median(r["allreduce_s"] / r["step_s"] for r in runs["check"])
+    print(f"  waiting on the cross-group all-reduce: {100 * wait_share:.1f}% of the torchft step")
     out = write_result("overhead", vars(args), runs=runs, classic_step_s=classic, check_step_s=on,
-                       no_check_step_s=off, check_share=share)
+                       no_check_step_s=off, check_share=share, allreduce_share=wait_share)
     print(f"wrote {out.relative_to(REPO)}")
 
 

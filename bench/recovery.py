@@ -1,10 +1,10 @@
 """This service's recovery against the classic path, side by side, on the same job.
 
-    python -m bench.recovery --repeats 3 [--spares [--failover]] [--join-timeout-ms 200]
+    python -m bench.recovery --repeats 3 [--spares [--failover]] [--join-timeout-ms 200] [--workload NAME]
 
 torchft path (`ftctl up`, G groups × K ranks): the kill-heal drill R times: kill → survivors'
-next commit, survivor steps lost, rejoin → healed commit, heal bytes, and kill → all groups
-training again. The drill rejoins the group as soon as the survivors commit; with --failover
+next commit, survivor steps lost, rejoin → healed commit phase by phase, heal bytes, and kill →
+all groups training again. The drill rejoins the group as soon as the survivors commit; with --failover
 the agents restart a killed group at once (`--auto-rejoin-delay 0`), which with a warm spare
 promotes it into the survivors' next quorum: a join timeout shorter than the heartbeat
 timeout lets that quorum form before the dead group's heartbeat expires.
@@ -23,7 +23,16 @@ import time
 from pathlib import Path
 
 from bench.classic import ClassicJob
-from bench.common import Up, add_recovery_options, describe_recovery, job_parser, recovery_settings, spread, write_result
+from bench.common import (
+    Up,
+    add_recovery_options,
+    describe_recovery,
+    job_parser,
+    recovery_settings,
+    spread,
+    write_result,
+)
+from bench.workloads import WORKLOADS, workload_flags
 
 
 def torchft_runs(args, trainer_args: list[str]) -> list[dict]:
@@ -43,7 +52,8 @@ def torchft_runs(args, trainer_args: list[str]) -> list[dict]:
                 runs.append({"survivors_resume_s": r["survivors_resume_s"], "steps_lost": r["survivors_steps_lost"],
                              "rejoin_to_healed_commit_s": r["rejoin_to_healed_commit_s"],
                              "kill_to_full_s": r["kill_to_full_s"], "heal_bytes": r["heal_bytes"],
-                             "detect_s": r["detect_s"], "fingerprints_equal": r["fingerprints_equal"]})
+                             "detect_s": r["detect_s"], "fingerprints_equal": r["fingerprints_equal"],
+                             "recovery": r["recovery"]})
             print(f"torchft run {i + 1}: {drill['status']} {runs[-1] if runs else drill.get('error')}", flush=True)
     finally:
         up.stop()
@@ -92,8 +102,11 @@ def main() -> None:
     add_recovery_options(parser)
     parser.add_argument("--settle-s", type=float, default=8.0)
     parser.add_argument("--paths", default="torchft,classic", help="which paths to run (comma-separated)")
+    parser.add_argument("--workload", choices=list(WORKLOADS), help="bench/workloads.py's job (default: debugmodel)")
+    parser.add_argument("--trainer-arg", action="append", default=[], help="more trainer flags")
     args = parser.parse_args()
-    trainer_args = [f"--seq-len={args.seq_len}", f"--local-batch-size={args.local_batch_size}"]
+    trainer_args = [*workload_flags(args.workload), f"--seq-len={args.seq_len}",
+                    f"--local-batch-size={args.local_batch_size}", *args.trainer_arg]
     paths = set(args.paths.split(","))
     ft = torchft_runs(args, [*trainer_args, "--checkpoint-every=1000000"]) if "torchft" in paths else []
     classic = classic_runs(args, trainer_args) if "classic" in paths else []
@@ -102,7 +115,8 @@ def main() -> None:
     def col(rows, key):
         return [r[key] for r in rows if r.get(key) is not None]
 
-    print(f"\nrecovery, {args.groups} groups × {args.ranks_per_group} ranks, debugmodel, seq {args.seq_len}, "
+    print(f"\nrecovery, {args.groups} groups × {args.ranks_per_group} ranks, {args.workload or 'debugmodel'}, "
+          f"seq {args.seq_len}, "
           f"batch {args.local_batch_size}/rank, {describe_recovery(args)}; medians")
     print(f"{'':38} {'this service':>34} {'classic (torchrun restart)':>34}")
     print(f"{'kill → survivors commit again (s)':38} {spread(col(ft, 'survivors_resume_s')):>34} {'(all ranks restart)':>34}")
@@ -116,6 +130,10 @@ def main() -> None:
     if col(ft, "steps_lost") and col(classic, "steps_redone"):
         steps = statistics.median(col(classic, "steps_redone")) / max(statistics.median(col(ft, "steps_lost")), 1)
         print(f"classic / this service: steps lost {steps:.1f}× (classic checkpoints every {args.checkpoint_every} steps)")
+    for phase in (ft[0]["recovery"] if ft else []):
+        seconds = [next(p["seconds"] for p in r["recovery"] if p["phase"] == phase["phase"]) for r in ft
+                   if any(p["phase"] == phase["phase"] for p in r["recovery"])]
+        print(f"  {('  ' if phase['within'] else '') + phase['label']:36} {spread(seconds):>34}  {phase['detail'] or ''}")
     print(f"wrote {out}")
 
 

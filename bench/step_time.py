@@ -15,11 +15,16 @@ import tempfile
 from pathlib import Path
 
 from bench.common import Up, job_parser, write_result
+from protocol import defaults
 
 
-def measure(groups: int, ranks_per_group: int, steps: int, warmup: int, extra: list[str], zygote: bool = True) -> dict:
+def measure(groups: int, ranks_per_group: int, steps: int, warmup: int, extra: list[str], zygote: bool = True,
+            join_timeout_ms: int = defaults.JOIN_TIMEOUT_MS) -> dict:
+    """Median step times of ``groups`` groups training together (a join timeout longer than a
+    step keeps a slow model's groups in one quorum)."""
     state = Path(tempfile.mkdtemp(prefix="ftbench-")) / "state"
-    up = Up(state, groups, ranks_per_group, ["--checkpoint-every=1000000", *extra], zygote=zygote)
+    up = Up(state, groups, ranks_per_group, ["--checkpoint-every=1000000", *extra], zygote=zygote,
+            join_timeout_ms=join_timeout_ms)
     try:
         up.wait_training()
         events = up.full_quorum_steps(groups, warmup, steps, group=0)

@@ -31,6 +31,20 @@ WORKLOADS = {
 }
 
 
+def workload_flags(name: str | None, assets: Path | None = None) -> list[str]:
+    """The trainer flags of workload ``name`` (none: the default job), its tokenizer and data
+    made under ``assets`` (a new temporary folder by default)."""
+    if name is None:
+        return []
+    assets = assets or Path(tempfile.mkdtemp(prefix="ftbench-assets-"))
+    flags = WORKLOADS[name]
+    if not any("{" in f for f in flags):
+        return list(flags)
+    tokenizer = make_tokenizer(assets / "tokenizer", vocab_size=8192, files=300)
+    dataset = make_jsonl(assets / "train.jsonl", files=60, skip=300)
+    return [f.format(tokenizer=tokenizer, dataset=dataset) for f in flags]
+
+
 def measure(name: str, flags: list[str], groups: int, ranks: int, steps: int, warmup: int) -> dict:
     state = Path(tempfile.mkdtemp(prefix="ftbench-")) / "state"
     # a step of the 138M model in bf16 takes minutes here: the collectives, and a group waiting for a
@@ -64,12 +78,10 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=1, help="steps left out first")
     args = parser.parse_args()
     assets = Path(tempfile.mkdtemp(prefix="ftbench-assets-"))
-    tokenizer = make_tokenizer(assets / "tokenizer", vocab_size=8192, files=300)
-    dataset = make_jsonl(assets / "train.jsonl", files=60, skip=300)
     runs: list[dict] = []
     out = None
     for name in args.workloads:
-        flags = [f.format(tokenizer=tokenizer, dataset=dataset) for f in WORKLOADS[name]]
+        flags = workload_flags(name, assets)
         for shape in args.shapes:
             groups, ranks = map(int, shape.split("x"))
             r = measure(name, flags, groups, ranks, args.steps, args.warmup)

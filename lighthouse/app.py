@@ -11,7 +11,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from lighthouse.config import LighthouseSettings
-from lighthouse.status import StatusFormatError, parse_status
+from protocol.lighthouse_status import StatusFormatError, parse_status
 from lighthouse.supervisor import LighthouseSupervisor
 from protocol.auth import require_token
 from protocol.http_guard import guard

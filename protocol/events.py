@@ -177,14 +177,29 @@ class QuorumEvent(BaseEvent):
 
 
 class HealEvent(BaseEvent):
-    """This rank fetched live state from a peer's same rank and loaded it."""
+    """This rank fetched live state from its peers' same rank and loaded it: each phase timed.
+
+    In order: its Manager's quorum answered (``quorum_at``) → torchft asked the source's Manager
+    for its checkpoint metadata and called the transport (``fetch_started_at``) → the sources
+    found and the state's header read (``header_s``) → the tensor bytes, checked as they arrived
+    (``transfer_s``; ``checksum_s`` of CPU within it) → the step's forward and backward end →
+    the state applied (``load_s``, ending at ``applied_at``). The times are absent from older
+    trainers."""
 
     type: Literal["heal"] = "heal"
     step: Count = Field(description="step the state was taken at")
-    source_group: Count
+    source_group: Count = Field(description="the group torchft named as the source (the non-tensor values are its)")
+    sources: list[Count] = Field([], description="the groups that sent a share of the tensor bytes")
+    source_failures: Count = Field(0, description="sources dropped mid-heal, whose pieces came from the others")
     bytes: Count
-    fetch_s: Seconds = Field(description="fetching the state over the checkpoint transport")
-    load_s: Seconds = Field(description="copying it into the model, optimizer and scheduler")
+    quorum_at: float | None = Field(None, description="Unix time its Manager's quorum (the one that healed it) answered")
+    fetch_started_at: float | None = Field(None, description="Unix time torchft asked the transport for the state")
+    header_s: Seconds = Field(0.0, description="finding the live sources and reading the state's header")
+    transfer_s: Seconds = Field(0.0, description="the tensor bytes, every segment's CRC-32C checked as it arrived")
+    checksum_s: Seconds = Field(0.0, description="CPU time of the checks, within transfer_s (all sources together)")
+    fetch_s: Seconds = Field(description="header_s + transfer_s: fetching the state over the checkpoint transport")
+    load_s: Seconds = Field(description="applying it: copying it into the model, optimizer and scheduler")
+    applied_at: float | None = Field(None, description="Unix time the state was applied")
 
 
 class CommitFailedEvent(BaseEvent):

@@ -1,7 +1,7 @@
 """What the Lighthouse wrapper serves (``python -m lighthouse``) and the control plane reads.
 
 torchft's Lighthouse has no JSON view: the wrapper parses its ``/status`` page into
-:class:`LighthouseStatus` (``lighthouse/status.py``, pinned to torchft 0.2.0's page) and serves
+:class:`LighthouseStatus` (``protocol/lighthouse_status.py``, pinned to torchft 0.2.0's page) and serves
 it at :data:`STATUS_PATH`; :data:`HEALTH_PATH` answers :class:`LighthouseHealth`. A ``POST`` of
 :class:`LighthouseKill` to :data:`KILL_PATH`, with the job's bearer token, SIGKILLs the
 Lighthouse process and holds its restart (the Lighthouse drill) and answers :class:`LighthouseKilled`.

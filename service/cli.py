@@ -59,7 +59,11 @@ class LedgerCommand(BaseModel):
                                   "419 interruptions in 54 days: ~50,700 h)")
     detect: float = Field(600.0, ge=0, description="T_d seconds (NCCL watchdog default 600)")
     restart: float = Field(300.0, ge=0, description="T_r seconds (relaunch, rendezvous, comm init)")
-    load: float = Field(120.0, ge=0, description="T_l seconds (checkpoint load, or heal)")
+    load: float = Field(120.0, ge=0, description="T_l seconds (checkpoint load, or heal) besides a heal's transfer")
+    state_gb_per_rank: float | None = Field(None, gt=0, description="GB of state a healing rank copies (8B "
+                                            "parameters with AdamW over 8 GPUs: ~12); with --heal-gb-per-s, "
+                                            "its transfer is added to T_l")
+    heal_gb_per_s: float | None = Field(None, gt=0, description="GB/s one rank's heal moves (bench/heal measures it)")
     delta: float = Field(300.0, ge=0, description="exposed seconds of one checkpoint")
     tau: list[float] = Field([], description="fixed checkpoint intervals to show, in minutes")
 
@@ -215,11 +219,17 @@ def cmd_events(cmd: EventsCommand) -> int:
 def cmd_ledger(cmd: LedgerCommand) -> int:
     from service.ledger import HOUR, Cluster, NoProgress, Recovery, describe, sweep, young_interval
 
-    rec = Recovery(cmd.detect, cmd.restart, cmd.load, cmd.delta)
+    if (cmd.state_gb_per_rank is None) != (cmd.heal_gb_per_s is None):
+        fail("ledger", "give --state-gb-per-rank and --heal-gb-per-s together: a heal's transfer needs both")
+    transfer = cmd.state_gb_per_rank / cmd.heal_gb_per_s if cmd.state_gb_per_rank is not None else 0.0
+    load = cmd.load + transfer
+    rec = Recovery(cmd.detect, cmd.restart, load, cmd.delta)
+    heal = (f" ({cmd.load:g}s + {cmd.state_gb_per_rank:g} GB at {cmd.heal_gb_per_s:g} GB/s)"
+            if cmd.state_gb_per_rank is not None else "")
     for gpus in cmd.gpus:
         cluster = Cluster(gpus, cmd.gpu_mtbf_hours)
         print(f"== {gpus} GPUs, per-GPU MTBF {cmd.gpu_mtbf_hours:,.0f} h, cluster MTBF {cluster.mtbf_s / HOUR:.2f} h; "
-              f"detect {cmd.detect:g}s restart {cmd.restart:g}s load {cmd.load:g}s delta {cmd.delta:g}s")
+              f"detect {cmd.detect:g}s restart {cmd.restart:g}s load {load:g}s{heal} delta {cmd.delta:g}s")
         try:
             rows = sweep(cluster, rec, tuple(cmd.tau)) if cmd.tau else sweep(cluster, rec)
         except NoProgress as err:

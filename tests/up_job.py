@@ -139,6 +139,16 @@ def job_snapshot(control: ControlPlane, events: int = 12) -> str:
     return "\n".join(lines)
 
 
+def assert_recovery_adds_up(report: dict) -> None:
+    """A kill-heal report's rejoin, phase by phase, from the start to the first commit after a
+    heal from a live peer, adds up to the rejoin's whole time within 5%."""
+    phases = {p["phase"]: p for p in report["recovery"]}
+    assert {"process_start", "manager", "quorum_wait", "transfer", "apply", "first_commit"} <= set(phases), phases
+    counted = sum(p["seconds"] for p in report["recovery"] if p["within"] is None)
+    assert abs(counted - report["rejoin_to_healed_commit_s"]) <= 0.05 * report["rejoin_to_healed_commit_s"], report
+    assert phases["verify"]["within"] == "transfer" and all(p["seconds"] > -0.05 for p in phases.values()), phases
+
+
 def ftctl(state: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "service.cli", *args, "--state-dir", str(state)], cwd=REPO,
                           capture_output=True, text=True, timeout=400, env={**os.environ, "COLUMNS": "150"})

@@ -29,6 +29,7 @@ from protocol.replicas import replica_name
 from trainer.advertise import advertised_host
 from trainer.config import TrainerConfig
 from trainer.errors import ConfigError
+from trainer.heal_peers import LighthousePeers
 from trainer.heal_transport import StreamTransport
 from trainer.state import local
 from trainer.telemetry import ProgressBeacon
@@ -59,6 +60,11 @@ class ManagerInternals:
         """The Lighthouse's id of the quorum the current step trains in (-1 before the first)."""
         client = self.manager._client
         return client.lighthouse_quorum_id if isinstance(client, MembershipQuorumClient) else self.manager._quorum_id
+
+    def quorum_answered_at(self) -> float:
+        """Unix time the last quorum answered this rank's Manager."""
+        client = self.manager._client
+        return client.answered_at if isinstance(client, MembershipQuorumClient) else 0.0
 
     def replica_id(self) -> str:
         """``group{g}:{uuid}``, as rank 0's Manager registered it with the Lighthouse."""
@@ -177,13 +183,17 @@ class MembershipQuorumClient:
     """torchft's ManagerClient, whose quorums carry :func:`membership_quorum_id` as their id (the
     Lighthouse's own stays readable as ``lighthouse_quorum_id``)."""
 
-    def __init__(self, client: Any):
+    def __init__(self, client: Any, on_answer: Callable[[Any, int], None]):
         self.client = client
+        self.on_answer = on_answer
         self.lighthouse_quorum_id = -1
+        self.answered_at = 0.0
         self.formation = QuorumFormation()
 
     def _quorum(self, **kwargs: Any) -> "_MembershipQuorum":
         quorum = self.client._quorum(**kwargs)
+        self.answered_at = time.time()
+        self.on_answer(quorum, kwargs["step"])
         self.lighthouse_quorum_id = quorum.quorum_id
         ids = list(quorum.replica_ids)
         formed_at = self.formation.see(quorum.quorum_id, ids, kwargs["step"], quorum.max_step)
@@ -218,7 +228,16 @@ class FailFastManager(Manager):
     def __init__(self, pg: ProcessGroup, **kwargs: Any):
         super().__init__(pg=pg, **kwargs)
         self.replicate_pg = pg
-        self._client = MembershipQuorumClient(self._client)
+        self._client = MembershipQuorumClient(self._client, on_answer=self._serve_every_heal)
+
+    def _serve_every_heal(self, quorum: Any, my_step: int) -> None:
+        """torchft has only the source it names serve a healing peer; every replica at the
+        quorum's step holds the same state, so each serves it (until ``should_commit``
+        withdraws it, as torchft's own source does) and a heal can stripe over them all
+        (``trainer/heal_transport.py``)."""
+        if my_step == quorum.max_step and quorum.replica_world_size > quorum.max_world_size \
+                and not quorum.recover_dst_replica_ranks:
+            self._checkpoint_transport.send_checkpoint([], quorum.max_step, self._manager_state_dict(), self._timeout)
 
     def report_error(self, e: Exception) -> None:
         first = self.errored() is None
@@ -231,12 +250,13 @@ class FailFastManager(Manager):
             self.replicate_pg.abort()  # NCCL: abort ends the communicator (written, not run on a GPU)
 
 
-def build_manager(cfg: TrainerConfig, load_state_dict: Callable[[Any], None],
-                  state_dict: Callable[[], Any]) -> tuple[FailFastManager, StreamTransport]:
+def build_manager(cfg: TrainerConfig, group_rank: int, load_state_dict: Callable[[Any], None],
+                  state_dict: Callable[[], Any]) -> tuple[FailFastManager, StreamTransport, LighthousePeers]:
     timeout = timedelta(seconds=cfg.timeout_s)
     pg = ProcessGroupNCCL(timeout=timeout) if cfg.across_groups == "nccl" else AbortableProcessGroupGloo(timeout=timeout)
     host = advertised_host(cfg)
-    transport = StreamTransport(timeout, host)
+    peers = LighthousePeers(cfg.lighthouse, group_rank)
+    transport = StreamTransport(timeout, host, peers=peers)
     manager = FailFastManager(
         pg=pg,
         load_state_dict=load_state_dict,
@@ -255,7 +275,8 @@ def build_manager(cfg: TrainerConfig, load_state_dict: Callable[[Any], None],
         checkpoint_transport=transport,
         init_sync=cfg.init_sync,
     )
-    return manager, transport
+    transport.destination = manager._manager_state_dict  # heals land in this rank's own tensors
+    return manager, transport, peers
 
 
 class ReplicateAllReduce:

@@ -36,6 +36,7 @@ from trainer.fault_tolerance import (
     check_lighthouse_reachable,
 )
 from trainer.gradient_check import GradientCheck
+from trainer.heal_peers import LighthousePeers
 from trainer.heal_transport import StreamTransport
 from trainer.hooks import DrillHooks
 from trainer.job import describe
@@ -74,6 +75,7 @@ class Rank:
     checkpointer: Checkpointer | None
     manager: FailFastManager
     transport: StreamTransport
+    peers: LighthousePeers
     internals: ManagerInternals
     replicate: ReplicateAllReduce
     check: GradientCheck | None
@@ -208,7 +210,7 @@ def build_rank(cfg: TrainerConfig, process_start: float, stop, forked: bool = Fa
         fence()
         training.live.load_state_dict(state)
 
-    manager, transport = build_manager(cfg, load_live, training.live.state_dict)
+    manager, transport, peers = build_manager(cfg, rank, load_live, training.live.state_dict)
     manager.load_state_dict(counters.restored)
     counters.manager = manager
     replicate = ReplicateAllReduce(manager, beacon, defer=cfg.sdc_check, tamper=hooks.corrupt)
@@ -216,7 +218,7 @@ def build_rank(cfg: TrainerConfig, process_start: float, stop, forked: bool = Fa
     check = GradientCheck(manager, cfg.group, device, beacon, cfg.sdc_factor) if cfg.sdc_check else None
     built = Rank(
         cfg=cfg, rank=rank, ranks=ranks, training=training, sink=sink, checkpointer=checkpointer, manager=manager,
-        transport=transport, internals=ManagerInternals(manager), replicate=replicate, check=check,
+        transport=transport, peers=peers, internals=ManagerInternals(manager), replicate=replicate, check=check,
         ft_optimizer=torchft.Optimizer(manager, training.optimizers), beacon=beacon, hooks=hooks, fence=fence)
     t_manager = time.time()
 

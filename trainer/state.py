@@ -20,6 +20,13 @@ import torch
 import torch.nn as nn
 from torch.distributed.tensor import DTensor
 
+def _take(mine: torch.Tensor, healed: torch.Tensor) -> None:
+    """Copy a healed tensor in, unless the heal was received straight into it (the heal
+    transport's ``destination``)."""
+    if healed.data_ptr() != mine.data_ptr() or healed.shape != mine.shape:
+        mine.copy_(healed)
+
+
 def local(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
@@ -65,9 +72,9 @@ class LiveState:
         self.optimizers = list(optimizers)
         self.schedulers = schedulers
         self.position = position
-        self.last_load_bytes = 0
         self.last_source_group = -1
         self.last_load_s = 0.0
+        self.last_applied_at = 0.0
 
     def _param_state(self, param: torch.Tensor) -> dict[str, torch.Tensor]:
         for optimizer in self.optimizers:
@@ -106,19 +113,15 @@ class LiveState:
     @torch.no_grad()
     def load_state_dict(self, state: dict[str, Any]) -> None:
         start = time.perf_counter()
-        nbytes = 0
         for name, param in self.named_params:
-            src = state["model"][name]
-            local(param).copy_(src)
-            nbytes += src.nbytes
+            _take(local(param), state["model"][name])
             theirs = state["optimizer"][name]
             for key, mine in self._param_state(param).items():
-                local(mine).copy_(theirs[key])
-                nbytes += theirs[key].nbytes
+                _take(local(mine), theirs[key])
         self._restore_schedule(state)
         self.last_source_group = int(state["source_group"])
-        self.last_load_bytes = nbytes
         self.last_load_s = time.perf_counter() - start
+        self.last_applied_at = time.time()
 
     def checkpoint_state(self) -> dict[str, Any]:
         """What torch.distributed.checkpoint saves: the sharded DTensors themselves.

@@ -246,6 +246,19 @@ class RankTrainer:
                                              foreach=True)
         return total.item()
 
+    def _report_heal(self, step: int) -> None:
+        live, fetch, r = self.training.live, self.r.transport.last_fetch, self.r
+        sources = [r.peers.groups.get(url, live.last_source_group) for url in fetch.sources]
+        self.sink.emit(HealEvent, step=step, source_group=live.last_source_group, sources=sources,
+                       source_failures=len(fetch.failed), bytes=fetch.bytes, quorum_at=r.internals.quorum_answered_at(),
+                       fetch_started_at=fetch.started_at, header_s=fetch.header_s, transfer_s=fetch.transfer_s,
+                       checksum_s=fetch.checksum_s, fetch_s=fetch.seconds, load_s=live.last_load_s,
+                       applied_at=live.last_applied_at)
+        self._say(f"healed at step {step} from group(s) {', '.join(map(str, sources))}: {fetch.bytes / 2**20:.1f} MiB "
+                  f"in {fetch.transfer_s:.2f}s ({fetch.bytes / 2**30 / max(fetch.transfer_s, 1e-9):.2f} GiB/s), "
+                  f"applied in {live.last_load_s:.2f}s"
+                  + (f"; {len(fetch.failed)} source(s) dropped: {fetch.failed}" if fetch.failed else ""))
+
     def report(self, o: StepOutcome) -> None:
         """The step's events (quorum change, heal, the step, a failed commit) and its progress line."""
         if o.quorum_id != self.quorum_id:
@@ -254,11 +267,7 @@ class RankTrainer:
             self._say(f"quorum {o.quorum_id}: {o.participants} group(s) training at step {o.trained_step}")
             self.quorum_id = o.quorum_id
         if o.healed:
-            live, fetch_s = self.training.live, self.r.transport.last_fetch_s
-            self.sink.emit(HealEvent, step=o.healed_step, source_group=live.last_source_group,
-                           bytes=live.last_load_bytes, fetch_s=fetch_s, load_s=live.last_load_s)
-            self._say(f"healed from group {live.last_source_group} at step {o.healed_step}: "
-                      f"{live.last_load_bytes / 2**20:.1f} MiB in {fetch_s:.2f}s")
+            self._report_heal(o.healed_step)
         self.sink.emit(
             StepEvent, step=o.step, committed=o.committed, loss=_finite(o.loss), lr=o.lr, step_s=o.step_s,
             compute_s=o.compute_s, allreduce_s=o.allreduce_s, commit_s=o.commit_s, quorum_id=o.quorum_id,

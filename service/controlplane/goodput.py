@@ -3,7 +3,8 @@
 This service: T_d measured per fault class and weighted by how often each occurs (a crash's
 T_d from the kill-heal drills, a hang's from the hang drills: the watchdog's, not a crash's),
 T_r = reconfiguration (survivors do not restart), T_l = the
-rejoin's capacity loss (one group of N/gpus_per_group missing while it heals), rollback = the
+rejoin's capacity loss (one group of N/gpus_per_group missing while it heals; the heal's transfer
+scaled to the state per rank and the link's speed asked about), rollback = the
 survivor steps lost × step time. The classic path: a whole-job restart and a reload, rollback
 τ/2, from bench/recovery's measurement when configured, else the seed's scenario C. Used by
 ``GET /goodput`` and by the metrics (``ftctl_goodput_projected_ratio``).
@@ -44,6 +45,11 @@ class Assumptions(BaseModel):
                                   f"{DEFAULT_DELTA_S:g} s before any save")
     hang_fraction: float = Field(0.017, ge=0, le=1, description="share of failures that are hangs (Llama 3: NCCL "
                                  "watchdog timeouts were 1.7% of interruptions); the rest are crashes")
+    state_gb_per_rank: float | None = Field(None, gt=0, le=1e6, description="GB (10^9 bytes) of state a healing rank "
+                                            "copies: its shard of the parameters and optimizer state (8B parameters "
+                                            "with AdamW over 8 GPUs: ~12); default: what this job's heals moved")
+    heal_gb_per_s: float | None = Field(None, gt=0, le=1e6, description="GB/s one rank's heal moves (the link's "
+                                        "speed, with this transport); default: what this job's heals measured")
 
 
 class MeasuredRecovery(BaseModel):
@@ -54,6 +60,8 @@ class MeasuredRecovery(BaseModel):
                                         "drills); none run: a hang is assumed to be detected as a crash is")
     reconfigure_s: float = Field(description="detection → survivors commit again (median)")
     rejoin_to_healed_commit_s: float
+    heal_transfer_s: float | None = Field(None, description="of the rejoin, the heal's transfer (median)")
+    heal_bytes: float | None = Field(None, description="bytes rank 0 of the rejoined group healed (median)")
     survivor_steps_lost: float
     step_s: float | None
     checkpoint_stall_s: float | None = Field(None, description="δ of this service: how long a step waited for a "
@@ -96,10 +104,29 @@ def measured(store: Store, step_s: float | None) -> MeasuredRecovery:
         hang_drills=len(hangs), hang_detect_s=statistics.median(hangs) if hangs else None,
         reconfigure_s=statistics.median(r["survivors_resume_s"] - r["detect_s"] for r in reports),
         rejoin_to_healed_commit_s=statistics.median(r["rejoin_to_healed_commit_s"] for r in reports),
+        heal_transfer_s=_median(transfer_s(r) for r in reports if r.get("heal_bytes")),
+        heal_bytes=_median(r["heal_bytes"] for r in reports if r.get("heal_bytes")),
         survivor_steps_lost=statistics.median(r["survivors_steps_lost"] for r in reports),
         step_s=step_s, checkpoint_stall_s=_median(s.stall_s for s in saves),
         checkpoint_save_s=_median(s.seconds for s in saves),
     )
+
+
+def transfer_s(report: dict) -> float:
+    """The heal's transfer in a kill-heal report: its recovery phase (the whole fetch in reports
+    from before the phases were timed)."""
+    timed = [p["seconds"] for p in report.get("recovery", []) if p["phase"] == "transfer"]
+    return timed[0] if timed else report["heal_fetch_s"]
+
+
+def heal_time_s(m: MeasuredRecovery, a: Assumptions) -> float:
+    """The rejoin, its transfer scaled to ``a.state_gb_per_rank`` at ``a.heal_gb_per_s`` (each as
+    measured where not given): the rest of the rejoin (restart, quorum, apply) as measured."""
+    if m.heal_transfer_s is None or not m.heal_bytes:
+        return m.rejoin_to_healed_commit_s
+    state = a.state_gb_per_rank if a.state_gb_per_rank is not None else m.heal_bytes / 1e9
+    rate = a.heal_gb_per_s if a.heal_gb_per_s is not None else m.heal_bytes / 1e9 / max(m.heal_transfer_s, 1e-9)
+    return m.rejoin_to_healed_commit_s - m.heal_transfer_s + state / rate
 
 
 def _median(values) -> float | None:
@@ -144,8 +171,9 @@ def project(m: MeasuredRecovery, classic_times: tuple[dict[str, float], str], gp
     for n in gpus:
         cluster = Cluster(n, a.gpu_mtbf_hours)
         groups = max(1, n // a.gpus_per_group)
+        heal_s = heal_time_s(m, a)
         ours = Recovery(detect_s=weighted_detect_s(m, a), restart_s=m.reconfigure_s,
-                        load_s=m.rejoin_to_healed_commit_s / groups, delta_s=_delta(a.delta_s, m.checkpoint_stall_s),
+                        load_s=heal_s / groups, delta_s=_delta(a.delta_s, m.checkpoint_stall_s),
                         rollback_s=m.survivor_steps_lost * (m.step_s or 0.0))
         theirs = Recovery(detect_s=times["detect_s"], restart_s=times["restart_s"], load_s=times["load_s"],
                           delta_s=_delta(a.delta_s, m.checkpoint_save_s))
@@ -160,7 +188,8 @@ def project(m: MeasuredRecovery, classic_times: tuple[dict[str, float], str], gp
                                                   "load_s": rec.load_s, "delta_s": rec.delta_s,
                                                   "rollback_s": rec.rollback_s if rec.rollback_s is not None else g.tau_s / 2}))
         ours_g, classic_g = projections[-2], projections[-1]
-        answer.append(f"at {n} GPUs with our measured recovery, goodput would be {100 * ours_g.goodput:.1f}%, "
+        answer.append(f"at {n} GPUs with our measured recovery (a rejoin of {heal_s:.1f} s), goodput would be "
+                      f"{100 * ours_g.goodput:.1f}%, "
                       f"dominant term {ours_g.dominant}; the classic path: {100 * classic_g.goodput:.1f}%, "
                       f"dominant term {classic_g.dominant}")
     return GoodputOut(measured=m, classic_source=source, projections=projections, answer=answer)

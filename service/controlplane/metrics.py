@@ -32,6 +32,7 @@ from protocol.events import (
     ProcessEvent,
     QuorumEvent,
     SdcEvent,
+    StartEvent,
     StepEvent,
     StragglerEvent,
     Verdict,
@@ -44,6 +45,7 @@ from service.controlplane.errors import DomainError
 from service.controlplane.fingerprints import FingerprintBook
 from service.controlplane.goodput import GoodputOut, Projection
 from service.controlplane.groups import STATES, GroupBoard
+from service.controlplane.recovery import PHASES, recovery_phases
 from service.controlplane.stragglers import Pattern, StragglerTracker
 
 CODES = ("unknown", *STATES)  # dashboards/quorum.py maps these numbers back to names
@@ -68,6 +70,13 @@ class JobMetrics:
         self.heals = Counter("ftctl_heals_total", "heals from a live peer", ["group"], registry=r)
         self.heal_seconds = Histogram("ftctl_heal_duration_seconds", "fetch + load time of a heal (rank 0), every "
                                       "group's", buckets=HEAL_BUCKETS, registry=r)
+        self.heal_phases = Histogram("ftctl_heal_phase_seconds", "a group's return (rank 0), phase by phase, from its "
+                                     "restart to its first committed step after the heal (phases named in "
+                                     "service/controlplane/recovery.py; verify is a part of transfer)", ["phase"],
+                                     buckets=HEAL_BUCKETS, registry=r)
+        for phase in PHASES:
+            self.heal_phases.labels(phase)
+        self._returns: dict[int, _Return] = {}
         self.heal_bytes = Counter("ftctl_heal_bytes_total", "bytes rank 0 of a group copied from peers", ["group"],
                                   registry=r)
         self.starts = Counter("ftctl_group_starts_total", "times a group's processes were started (rejoins included)",
@@ -129,6 +138,7 @@ class JobMetrics:
         match e:
             case ProcessEvent(action="started"):
                 of[self.starts].inc()
+                self._returns[e.group] = _Return(rejoined_at=e.ts)
             case ProcessEvent(action=reason):
                 self.exits.labels(g, reason).inc()
             case FingerprintEvent():
@@ -141,7 +151,10 @@ class JobMetrics:
                 self.sdc_incidents.labels(g, e.verdict).inc()
             case _ if not speaks_for_group(e):
                 pass
+            case StartEvent():
+                self._returns.setdefault(e.group, _Return()).start = e
             case StepEvent():
+                self._first_commit(e)
                 of[self.compute].observe(e.compute_s)
                 of[self.allreduce].observe(e.allreduce_s)
                 of[self.commits if e.committed else self.commit_failures].inc()
@@ -152,6 +165,7 @@ class JobMetrics:
             case HealEvent():
                 of[self.heals].inc()
                 self.heal_seconds.observe(e.fetch_s + e.load_s)
+                self._heal_phases(e)
                 of[self.heal_bytes].inc(e.bytes)
             case QuorumEvent():
                 of[self.quorum_changes].inc()
@@ -161,11 +175,34 @@ class JobMetrics:
                     self.checkpoint_stall.observe(e.stall_s)
                 self.last_checkpoint_ts = max(self.last_checkpoint_ts, e.ts)
 
+    def _heal_phases(self, e: HealEvent) -> None:
+        back = self._returns.setdefault(e.group, _Return())
+        for phase in recovery_phases(back.rejoined_at, back.start, e):
+            self.heal_phases.labels(phase.phase).observe(max(0.0, phase.seconds))
+        back.applied_at = e.applied_at
+
+    def _first_commit(self, e: StepEvent) -> None:
+        """A return ends at the group's first committed step (right after its heal's event)."""
+        back = self._returns.get(e.group)
+        if e.committed and back is not None and back.start is not None:
+            if back.applied_at is not None:
+                self.heal_phases.labels("first_commit").observe(max(0.0, e.ts - back.applied_at))
+            del self._returns[e.group]
+
     def _fingerprint(self, e: FingerprintEvent) -> None:
         """At each step every reporting (group, rank) is compared with the other groups' same rank."""
         self.fingerprints.add(e)
         if len(self.fingerprints.groups_at(e.step)) > 1:
             self.fingerprint_mismatch = float(not self.fingerprints.equal_at(e.step))
+
+
+@dataclass
+class _Return:
+    """A group's way back, as far as its events have told it (``recovery.recovery_phases``)."""
+
+    rejoined_at: float | None = None
+    start: StartEvent | None = None
+    applied_at: float | None = None
 
 
 @dataclass(frozen=True)

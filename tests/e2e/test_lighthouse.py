@@ -15,7 +15,7 @@ import pytest
 from torchft._torchft import LighthouseClient, LighthouseServer
 
 from cluster import REPO, wait_for
-from lighthouse.status import StatusFormatError, parse_status
+from protocol.lighthouse_status import StatusFormatError, parse_status
 from processes import Owner
 from service.controlplane.lighthouse import LighthouseClient as LighthouseStatusClient
 from service.proctree import process_tree, wait_gone

@@ -29,8 +29,8 @@ from protocol.tokens import TOKEN_VARIABLES, group_token
 from protocol.torchrun import free_port
 from service.client import ApiError, ControlPlane
 from service.proctree import process_tree
-from up_job import (TOKEN, UpJob, all_training, all_training_again, assert_each_sample_once, ftctl, ftctl_up, groups,
-                    job_snapshot, json_out)
+from up_job import (TOKEN, UpJob, all_training, all_training_again, assert_each_sample_once, assert_recovery_adds_up,
+                    ftctl, ftctl_up, groups, job_snapshot, json_out)
 
 pytestmark = [pytest.mark.prometheus]
 
@@ -133,6 +133,7 @@ def test_kill_heal_drill_from_the_cli_reports_equal_state(live, kill_heal_drill)
     r = drill["report"]
     assert 0 < r["detect_s"] <= r["survivors_resume_s"] < 30 and r["survivors_steps_lost"] <= 1
     assert r["rejoin_to_healed_commit_s"] > 0 and r["heal_bytes"] > 0
+    assert_recovery_adds_up(r)
     assert len({d for ranks in r["fingerprints"].values() for d in ranks.values()}) == 2  # one digest per rank
     status = json_out(ftctl(live.state, "status", "--json"))
     assert status["quorum_id"] >= 1
@@ -170,6 +171,9 @@ def test_web_page_kill_and_heal_in_chromium(live, kill_heal_drill):
                          "the detection by fault class on the page")
         assert crash == f"crash {kill_heal_drill['report']['detect_s']:.2f}s " \
                         f"{kill_heal_drill['report']['survivors_resume_s']:.2f}s", "detection by fault class on the page"
+        phases = driver.find_elements(By.CSS_SELECTOR, ".drill .recovery .phase")
+        assert {"process_start", "transfer", "first_commit"} <= {p.get_attribute("data-phase") for p in phases}, \
+            "the drill's rejoin, phase by phase, on the page"
         driver.find_element(By.ID, "token").send_keys(TOKEN)
         clicked_at = time.time()
         card().find_element(By.CSS_SELECTOR, "button.kill").click()

@@ -18,7 +18,7 @@ import pytest
 from bench.browser import chromium, quietly
 from cluster import wait_for
 from service.proctree import process_tree
-from up_job import agent_auth, all_training, ftctl, ftctl_up, groups, json_out
+from up_job import agent_auth, all_training, assert_recovery_adds_up, ftctl, ftctl_up, groups, json_out
 
 COLLECTIVE_TIMEOUT_S = 10.0  # the trainers' --timeout-s default
 QUORUM_TIMEOUT_S = 4.0
@@ -42,6 +42,9 @@ def test_the_survivors_of_any_groups_kill_commit_within_half_the_collective_time
     r = drill["report"]
     assert r["survivors"] == sorted({0, 1, 2} - {group})
     assert r["survivors_resume_s"] < COLLECTIVE_TIMEOUT_S / 2, r
+    heal = job.control.events(group=group, type="heal", since=r["killed_at"])[-1]
+    assert sorted(heal["sources"]) == r["survivors"], "the heal is striped over both live peers"
+    assert_recovery_adds_up(r)
 
 
 def test_a_group_frozen_with_its_agent_is_lost_and_the_others_train_on(job):

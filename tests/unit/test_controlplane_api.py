@@ -439,8 +439,32 @@ def test_goodput_projects_the_measured_recovery_to_scale(db):
     assert ours[16384]["goodput"] > classic[16384]["goodput"] > 0.9
     assert classic[16384]["goodput"] == pytest.approx(0.9449, abs=1e-4)  # the seed's scenario C
     assert ours[16384]["inputs"]["rollback_s"] == pytest.approx(0.5)  # one step at 0.5 s
-    assert out["answer"][1].startswith("at 16384 GPUs with our measured recovery, goodput would be")
+    assert out["answer"][1].startswith("at 16384 GPUs with our measured recovery (a rejoin of 1.5 s), goodput would be")
     assert "assumed: the seed's scenario C" in out["classic_source"]
+
+
+def test_goodput_scales_the_heal_to_the_state_and_link_asked_about(db):
+    """"8B on 8 GPUs per group at 25 GB/s": the rejoin as measured, its transfer (2 s for 1 GB
+    here) replaced by 12 GB at 25 GB/s."""
+    store = Store(db)
+    drill = store.create_drill("kill-heal", 1, {})
+    store.update_drill(drill, "done", {"group": 1, "detect_s": 1.0, "survivors_resume_s": 1.3,
+                                       "rejoin_to_healed_commit_s": 5.0, "survivors_steps_lost": 1,
+                                       "heal_bytes": 10**9, "heal_fetch_s": 2.1,
+                                       "recovery": [{"phase": "transfer", "label": "transfer", "seconds": 2.0}]})
+    store.close()
+    with TestClient(create_app(settings(db))) as api:
+        training(api)
+        asked = {"gpus": [16384], "gpus_per_group": 8}
+        measured = api.get("/api/v1/goodput", params=asked).json()
+        scaled = api.get("/api/v1/goodput", params={**asked, "state_gb_per_rank": 12, "heal_gb_per_s": 25}).json()
+        slow_link = api.get("/api/v1/goodput", params={**asked, "state_gb_per_rank": 12}).json()
+    assert (measured["measured"]["heal_transfer_s"], measured["measured"]["heal_bytes"]) == (2.0, 1e9)
+    ours = lambda out: next(p for p in out["projections"] if p["path"].startswith("this service"))  # noqa: E731
+    assert ours(measured)["inputs"]["load_s"] == pytest.approx(5.0 / 2048)
+    assert ours(scaled)["inputs"]["load_s"] == pytest.approx((5.0 - 2.0 + 12 / 25) / 2048)
+    assert "a rejoin of 3.5 s" in scaled["answer"][0]
+    assert ours(slow_link)["inputs"]["load_s"] == pytest.approx((3.0 + 12 / 0.5) / 2048), "at the measured 0.5 GB/s"
 
 
 def test_goodput_weighs_a_hangs_detection_by_how_often_hangs_happen(db):

@@ -48,3 +48,10 @@ def test_ftctl_ledger_prints_both_scales_and_fails_clearly():
     bad = subprocess.run([sys.executable, "-m", "service.cli", "ledger", "--gpu-mtbf-hours", "1", "--gpus", "16384"],
                          cwd=REPO, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 1 and bad.stderr.strip().startswith("ftctl: error: loss per failure")
+    healed = subprocess.run([sys.executable, "-m", "service.cli", "ledger", "--gpus", "16384", "--load", "3",
+                             "--state-gb-per-rank", "12", "--heal-gb-per-s", "25"], cwd=REPO, capture_output=True,
+                            text=True, timeout=60)
+    assert healed.returncode == 0 and "load 3.48s (3s + 12 GB at 25 GB/s)" in healed.stdout, healed.stderr
+    half = subprocess.run([sys.executable, "-m", "service.cli", "ledger", "--state-gb-per-rank", "12"], cwd=REPO,
+                          capture_output=True, text=True, timeout=60)
+    assert half.returncode != 0 and "--heal-gb-per-s together" in half.stderr

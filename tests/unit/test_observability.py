@@ -85,6 +85,23 @@ def test_metrics_follow_the_events(tmp_path):
         assert all(n.startswith("ftctl_") for n in names if not n.startswith(("python_", "process_")))
 
 
+def test_a_groups_return_is_timed_phase_by_phase(tmp_path):
+    """Restart at T0, up at T0+6 (stages of 1 s each, no checkpoint), quorum at +6.5, torchft
+    calls the transport at +6.6, header 0.1 s, transfer 2 s (0.25 s of checksums), applied at
+    +9.5 after 0.4 s, first commit at +9.9."""
+    timed = dict(step=4, source_group=0, sources=[0, 2], bytes=2**30, quorum_at=T0 + 6.5, fetch_started_at=T0 + 6.6,
+                 header_s=0.1, transfer_s=2.0, checksum_s=0.25, fetch_s=2.1, load_s=0.4, applied_at=T0 + 9.5)
+    with TestClient(create_app(settings(tmp_path / "control.db"))) as api:
+        ingest(api, 1, [process(1, "started", T0), start(1, T0 + 6), trainer_event("heal", 1, T0 + 9.8, **timed),
+                        step(1, T0 + 9.9, 4), step(1, T0 + 10.4, 5)])
+        m = scrape(api)
+    phase = lambda name, what: m[(f"ftctl_heal_phase_seconds_{what}", (("phase", name),))]  # noqa: E731
+    seconds = {"process_start": 2.0, "manager": 1.0, "quorum_wait": 0.5, "metadata": 0.2, "transfer": 2.0,
+               "verify": 0.25, "healing_step": 0.4, "apply": 0.4, "first_commit": 0.4}
+    for name, expected in seconds.items():
+        assert (phase(name, "count"), phase(name, "sum")) == (1, pytest.approx(expected)), name
+
+
 def test_page_and_assets_are_served_locally_with_no_internet_references(tmp_path):
     with TestClient(create_app(settings(tmp_path / "control.db"))) as api:
         page = api.get("/")

@@ -26,6 +26,13 @@ from service.controlplane.drills.base import (
 from service.controlplane.drills.context import DrillServices
 from service.controlplane.drills.rows import EQUAL, Row, secs, shown
 from service.controlplane.drills.timeline import FaultTimeline, Milestone
+from service.controlplane.recovery import RecoveryPhase
+
+
+def recovery_rows(phases: list[dict]) -> list[Row]:
+    """The rejoin's phases, indented under it; a part of another phase indented twice."""
+    return [(("    " if p.get("within") else "  ") + p["label"],
+             secs(p["seconds"]) + (f"  {p['detail']}" if p.get("detail") else "")) for p in phases]
 
 REJOINED_BY = {"agent": "its agent (fail-over)", "drill": "the drill",
                "control-plane": "the control plane, once it reached every group", "network": "itself: its ranks "
@@ -61,6 +68,8 @@ class KillHealReport(BaseModel):
     healed_step: int | None = None
     heal_bytes: int | None = None
     heal_fetch_s: float | None = None
+    recovery: list[RecoveryPhase] = Field([], description="rejoin → healed commit, phase by phase (rank 0); the "
+                                          "phases not 'within' another add up to rejoin_to_healed_commit_s")
     detect_s: float | None = Field(None, description="kill → survivors' quorum shrank (T_d)")
     survivors_resume_s: float | None = Field(None, description="kill → survivors' first commit without the group")
     rejoin_to_healed_commit_s: float | None = None
@@ -83,6 +92,7 @@ def fill_report(r: KillHealReport, t: FaultTimeline) -> None:
         r.heal_started_at, r.heal_bytes, r.heal_fetch_s = t.heal.ts, t.heal.bytes, t.heal.fetch_s
     r.healed_commit_at, r.healed_step = t.healed_commit_at, t.healed_step
     r.rejoin_to_healed_commit_s, r.kill_to_full_s = t.rejoin_to_healed_commit_s, t.kill_to_full_s
+    r.recovery = t.recovery
     step = t.fingerprint_step
     if step is not None:
         r.fingerprint_step = step
@@ -133,11 +143,10 @@ class KillHeal(Drill):
             ("survivor steps lost", shown(r.get("survivors_steps_lost"))),
             ("rejoined by", REJOINED_BY.get(r.get("rejoined_by"), "-")),
             ("rejoin → healed commit", secs(r.get("rejoin_to_healed_commit_s"))),
+            *recovery_rows(r.get("recovery") or []),
             *cls.heal_rows(r),
             (f"{fault} → all groups training", secs(r.get("kill_to_full_s"))),
             ("healed at step", shown(r.get("healed_step"))),
-            ("heal transfer (rank 0)", f"{r['heal_bytes'] / 2**20:.1f} MiB in {r['heal_fetch_s']:.2f} s"
-             if r.get("heal_bytes") is not None else "-"),
             ("fingerprints at step", shown(r.get("fingerprint_step"))),
             ("fingerprints equal", EQUAL.get(r.get("fingerprints_equal"), "-")),
         ]

@@ -33,6 +33,7 @@ from protocol.events import (
 )
 from service.controlplane.fingerprints import FingerprintBook
 from service.controlplane.groups import GroupView
+from service.controlplane.recovery import RecoveryPhase, recovery_phases
 
 RejoinedBy = Literal["drill", "agent", "network"]
 
@@ -62,6 +63,7 @@ class FaultTimeline:
     rejoined_at: float | None = None
     rejoined_by: RejoinedBy | None = None
     up_at: float | None = None
+    start: StartEvent | None = None
     heal: HealEvent | None = None
     healed_commit_at: float | None = None
     healed_step: int | None = None
@@ -119,7 +121,7 @@ class FaultTimeline:
             return
         match e:
             case StartEvent() if self.up_at is None:
-                self.up_at = e.ts
+                self.up_at, self.start = e.ts, e
             case HealEvent():
                 self.heal = e
             case StepEvent(committed=True) if self.up_at is not None and e.ts >= self.up_at:
@@ -199,6 +201,11 @@ class FaultTimeline:
     def heal_s(self) -> float | None:
         """The group's ranks up → its first committed step after the heal."""
         return self._between(self.up_at, self.healed_commit_at)
+
+    @property
+    def recovery(self) -> list[RecoveryPhase]:
+        """The rejoin, phase by phase (``service/controlplane/recovery.py``)."""
+        return recovery_phases(self.rejoined_at, self.start, self.heal, self.healed_commit_at)
 
     @property
     def rejoin_to_healed_commit_s(self) -> float | None:

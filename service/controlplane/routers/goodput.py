@@ -25,6 +25,7 @@ def projected_goodput(
     This service: T_d measured, T_r = reconfiguration (survivors do not restart), T_l = the
     rejoin's capacity loss (one group of N/gpus_per_group missing while it heals), rollback =
     the survivor steps lost × step time. The classic path: a whole-job restart and a reload,
-    rollback τ/2.
+    rollback τ/2. With ``state_gb_per_rank`` and ``heal_gb_per_s`` ("8B on 8 GPUs per group
+    at 25 GB/s": 12 and 25), the rejoin's transfer is that state at that speed.
     """
     return projection(s.store, s.board.median_step_s(), s.settings.classic_recovery_json, gpus, assumptions)

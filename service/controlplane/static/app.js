@@ -244,6 +244,19 @@ function byFaultClass(drills) {
     `<th>trains again</th></tr></thead><tbody>${rows}</tbody></table>`;
 }
 
+// A rejoin, phase by phase (the report's "recovery"): one bar, each phase its share of the whole.
+function recoveryBar(phases) {
+  const counted = (phases || []).filter((p) => !p.within && p.seconds > 0);
+  const total = counted.reduce((sum, p) => sum + p.seconds, 0);
+  if (!total) return "";
+  const parts = counted.map((p, i) => `<span class="phase p${i % 6}" data-phase="${p.phase}" style="width:` +
+    `${(100 * p.seconds / total).toFixed(2)}%" title="${p.label} ${secs(p.seconds)}${p.detail ? ": " + p.detail : ""}">` +
+    `</span>`).join("");
+  const notable = counted.filter((p) => p.seconds >= 0.08 * total).map((p) => `${p.label} ${secs(p.seconds)}`);
+  return `<div class="recovery" title="rejoin → healed commit, ${secs(total)}">${parts}</div>` +
+    `<div class="dim">${notable.join(" · ")}</div>`;
+}
+
 async function renderDrills() {
   const data = await api("GET", "/drills");
   if (!data) return;
@@ -256,7 +269,8 @@ async function renderDrills() {
         `${r.process_exits.length ? `<span class="bad">${r.process_exits.length} process exits</span>` : "no process exits"}`
       : `detect ${r.detect_s?.toFixed(2) ?? "-"}s · resume ${r.survivors_resume_s?.toFixed(2) ?? "-"}s · heal ${r.rejoin_to_healed_commit_s?.toFixed(2) ?? "-"}s · ` +
         (r.fingerprints_equal == null ? "" : r.fingerprints_equal ? `<span class="ok">state equal</span>` : `<span class="bad">STATE DIFFERS</span>`);
-    return `<div class="drill">#${d.id} ${d.kind} ${d.group ?? ""} · <b>${d.status}</b> · ${r.phase}<br>${detail}</div>`;
+    return `<div class="drill">#${d.id} ${d.kind} ${d.group ?? ""} · <b>${d.status}</b> · ${r.phase}<br>${detail}` +
+      `${recoveryBar(r.recovery)}</div>`;
   }).join("") || `<div class="dim">none yet</div>`);
 }
 

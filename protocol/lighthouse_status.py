@@ -2,9 +2,10 @@
 
 torchft has no JSON endpoint. This parser fills ``protocol.lighthouse.LighthouseStatus``; it is
 pinned to torchft 0.2.0's template and checked against the real Lighthouse by
-tests/test_lighthouse.py (with 0, 1 and 2 members): a torchft upgrade that
+tests/e2e/test_lighthouse.py (with 0, 1 and 2 members): a torchft upgrade that
 changes the page fails there (and :class:`StatusFormatError` here) instead of silently
-returning an empty quorum.
+returning an empty quorum. Its readers: the Lighthouse wrapper (``lighthouse/app.py``) and a
+healing rank looking for every live peer (``trainer/heal_peers.py``).
 """
 
 from __future__ import annotations
