@@ -95,7 +95,7 @@ def rows() -> list[tuple[str, str, str]]:
                 f"{d['check_step_s']:.3f} s vs {d['classic_step_s']:.3f} s "
                 f"({s['groups']} groups × {s['ranks_per_group']} ranks)", f))
 
-    f = "overhead-20261207T094429Z.json"
+    f = "overhead-20261207T100120Z.json"
     d = load(f)
     s = d["settings"]
     out.append((f"The same at Llama 3 138M, fp32 ({s['groups']} groups × {s['ranks_per_group']} rank)",

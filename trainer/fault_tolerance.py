@@ -283,11 +283,15 @@ class ReplicateAllReduce:
     """FSDP all-reduce hook over the fault-tolerant replicate group; times the waiting, and
     tells the beacon the rank is waiting on other groups (which is never this group's hang).
 
-    With ``defer`` (the gradient check on) the hook only keeps each reduce-scattered gradient
-    buffer; :meth:`flush` averages them across groups once the check passed. FSDP's sharded
-    gradients are views of those buffers, so averaging the buffers in place averages them
-    (:meth:`shard_gradients` checks it: a torch that copies instead fails loudly, not silently
-    unaveraged). Averaging is linear, so FSDP's post-divide may come before it.
+    The hook starts each reduce-scattered gradient buffer's cross-group average without waiting
+    for it, so the all-reduces of the last layers overlap the backward of the earlier ones, as
+    FSDP's own HSDP all-reduce does; :meth:`finish`, after the backward, waits for them all. With
+    ``defer`` (the gradient check on) the hook only keeps the buffers; :meth:`finish` averages
+    them once the check passed. Either way FSDP's sharded gradients must be views of those
+    buffers, so that averaging the buffers in place averages them: :meth:`finish` checks it (a
+    torch that copies instead fails loudly, not silently unaveraged), and nothing else may
+    touch a buffer after the hook: this builder leaves FSDP no post-divide (gloo reduces by SUM,
+    ``trainer/builder.py``) and reduces in the parameters' dtype.
 
     ``tamper`` sees every buffer before it leaves the rank: where a drill's injected
     corruption lands, as a bad chip's would."""
@@ -299,45 +303,55 @@ class ReplicateAllReduce:
         self.beacon = beacon
         self.defer = defer
         self.tamper = tamper
+        self.model: nn.Module | None = None
         self.pending: list[torch.Tensor] = []
+        self.works: list[Any] = []
         self.seconds = 0.0
 
     def __call__(self, gradient: torch.Tensor) -> None:
         self.tamper(gradient)
-        if self.defer:
-            self.pending.append(gradient)
-        else:
-            self._average(gradient)
+        self.pending.append(gradient)
+        if not self.defer:
+            self.works.append(self._start(gradient))
 
-    def _average(self, gradient: torch.Tensor) -> None:
-        start = time.perf_counter()
+    def _start(self, gradient: torch.Tensor) -> Any:
+        """The buffer's average across groups, started (the first waits for the step's quorum)."""
         self.beacon.enter("allreduce")
-        dist.all_reduce(gradient, group=self.group, op=dist.ReduceOp.AVG)
+        work = dist.all_reduce(gradient, group=self.group, op=dist.ReduceOp.AVG, async_op=True)
         self.beacon.enter("compute")
-        self.seconds += time.perf_counter() - start
+        return work
 
     def begin(self) -> None:
         """Before a backward: forget the last one's buffers."""
-        self.pending = []
+        self.pending, self.works = [], []
         self.seconds = 0.0
 
-    def flush(self) -> None:
-        """Average the kept buffers across groups (``defer``)."""
-        for gradient in self.pending:
-            self._average(gradient)
+    def finish(self) -> None:
+        """After the backward (``defer``: once the check passed): every buffer averaged across
+        groups, in place."""
+        start = time.perf_counter()
+        if self.model is not None:
+            self.shard_gradients(self.model)
+        works = self.works if not self.defer else [self._start(gradient) for gradient in self.pending]
+        self.beacon.enter("allreduce")
+        for work in works:
+            work.wait()
+        self.beacon.enter("compute")
+        self.works = []
+        self.seconds += time.perf_counter() - start
 
     def shard_gradients(self, model: nn.Module) -> list[torch.Tensor]:
         """This rank's gradient shards (``defer``: checked to be views of the kept buffers)."""
         grads = [local(p.grad) for p in model.parameters() if p.grad is not None]
-        if self.defer:
-            buffers = {b.untyped_storage().data_ptr() for b in self.pending}
-            if any(g.untyped_storage().data_ptr() not in buffers for g in grads):
-                raise RuntimeError("FSDP's sharded gradients are not views of the buffers its all-reduce hook "
-                                   "received; the gradient check cannot defer the cross-group all-reduce with this "
-                                   "torch version: run with --no-sdc-check")
+        buffers = {b.untyped_storage().data_ptr() for b in self.pending}
+        if self.pending and any(g.untyped_storage().data_ptr() not in buffers for g in grads):
+            raise RuntimeError("FSDP's sharded gradients are not views of the buffers its all-reduce hook "
+                               "received: averaging the buffers across groups would not average the gradients "
+                               "with this torch version")
         return grads
 
     def install(self, model: nn.Module) -> None:
+        self.model = model
         for module in model.modules():
             if isinstance(module, FSDPModule):
                 module.set_all_reduce_hook(self)

@@ -181,8 +181,8 @@ class RankTrainer:
         if r.check is not None:
             grad_norm = group_norm(r.replicate.shard_gradients(training.model), training.device)
             check = r.check.check(grad_norm, lambda group, other: self._rerun(data_step, group, other))
-            if check.passed:
-                r.replicate.flush()
+        if check is None or check.passed:
+            r.replicate.finish()
         healed = r.internals.healing  # settled: the all-reduce waited for the quorum
         apply = (check is None or check.passed) and not sync_only
         clip_norm = self._clip() if apply and training.job.training.max_norm else None
