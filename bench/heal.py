@@ -2,6 +2,7 @@
 
     python -m bench.heal --state-gb 0.5 2 4 [--sources 1 2] [--tensor-mib 64] [--repeats 2]
     python -m bench.heal --state-gb 0.5 --sources 1 2 3 --link-mbit 800     # root: shaped links
+    python -m bench.heal --state-gb 2 --ways raw-tcp torchft-pg stream --sources 1
 
 Serving processes hold a state dict of fp32 tensors (``--tensor-mib`` each, ``--state-gb`` in
 all) and serve it; a fetching process, started fresh for each fetch, receives it and reports the
@@ -9,6 +10,8 @@ time and how far its peak memory rose beyond the state. In turn, in the same run
 
 - ``torchft-http``: torchft's ``HTTPTransport`` (``torch.save`` of the whole state on the way
   out, ``torch.load`` on the way in), which this project used before;
+- ``torchft-pg``: torchft's ``PGTransport`` (a pickled header, then each tensor sent over a gloo
+  process group between the two, received in place when given the receiver's state);
 - ``raw-tcp``: the same tensors' bytes over one TCP connection from their memory, nothing else:
   what the machine allows from Python;
 - ``stream×N``: this project's transport (``trainer/heal_transport.py``: JSON header, raw tensor
@@ -45,6 +48,7 @@ from datetime import timedelta
 from bench.common import REPO, write_result
 
 TIMEOUT = timedelta(seconds=600)
+WAYS = ("torchft-http", "torchft-pg", "raw-tcp", "stream")
 
 
 def make_state(state_gb: float, tensor_mib: int) -> dict:
@@ -72,6 +76,19 @@ def serve(way: str, state_gb: float, tensor_mib: int, host: str) -> None:
                         conn.sendall(memoryview(t.numpy()).cast("B"))
 
         threading.Thread(target=answer, daemon=True).start()
+    elif way == "torchft-pg":
+        import torch
+        import torch.distributed as dist
+        from torchft import ProcessGroupGloo
+        from torchft.checkpointing.pg_transport import PGTransport
+
+        store = dist.TCPStore(host, 0, is_master=True, wait_for_workers=False, timeout=TIMEOUT)
+        print(f"{host}:{store.port}", flush=True)
+        for line in sys.stdin:  # one fetch each: its process group's prefix
+            pg = ProcessGroupGloo(timeout=TIMEOUT)
+            pg.configure(f"{host}:{store.port}/{line.strip()}", "source", 0, 2)
+            PGTransport(pg, TIMEOUT, torch.device("cpu")).send_checkpoint([1], 1, state, TIMEOUT)
+        return
     else:
         if way == "stream":
             from trainer.heal_transport import StreamTransport
@@ -106,6 +123,13 @@ def fetch(way: str, state_gb: float, tensor_mib: int, in_place: bool, host: str,
         from torchft.checkpointing import HTTPTransport
 
         transport = HTTPTransport(TIMEOUT, num_chunks=0)
+    elif way == "torchft-pg":
+        from torchft import ProcessGroupGloo
+        from torchft.checkpointing.pg_transport import PGTransport
+
+        pg = ProcessGroupGloo(timeout=TIMEOUT)
+        pg.configure(addresses[0], "healing", 1, 2)
+        transport = PGTransport(pg, TIMEOUT, torch.device("cpu"), state_dict=(lambda: own) if in_place else None)
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     start = time.perf_counter()
     if transport is not None:
@@ -172,7 +196,11 @@ def measure(way: str, state_gb: float, args, sources: int = 1, in_place: bool = 
             stack.callback(_end, server)
         addresses = [server.stdout.readline().strip() for server in servers]
         runs = []
-        for _ in range(args.repeats):
+        for i in range(args.repeats):
+            if way == "torchft-pg":  # a process group of the two, made anew for each fetch
+                servers[0].stdin.write(f"fetch{i}\n")
+                servers[0].stdin.flush()
+                addresses = [f"{addresses[0].split('/')[0]}/fetch{i}"]
             client = _role(hosts, 0, "fetch", way, str(state_gb), str(args.tensor_mib), str(int(in_place)),
                            hosts.address(0), *addresses)
             out, _ = client.communicate(timeout=900)
@@ -204,13 +232,18 @@ def main() -> None:
     parser.add_argument("--sources", type=int, nargs="+", default=[1, 2],
                         help="live peers the stream stripes over, one measurement each")
     parser.add_argument("--link-mbit", type=int, help="each source on a host of its own, its link shaped to this")
+    parser.add_argument("--ways", nargs="+", choices=WAYS, default=["torchft-http", "raw-tcp", "stream"],
+                        help="what to measure (raw-tcp is the reference of the others)")
     args = parser.parse_args()
     results = []
     for state_gb in args.state_gb:
-        row = [] if args.link_mbit else [measure("torchft-http", state_gb, args)]
+        row = [measure("torchft-http", state_gb, args)] if "torchft-http" in args.ways and not args.link_mbit else []
         for in_place in ((True,) if args.link_mbit else (False, True)):
             row.append(measure("raw-tcp", state_gb, args, in_place=in_place))
-            row += [measure("stream", state_gb, args, n, in_place) for n in (args.sources if in_place else [1])]
+            if "torchft-pg" in args.ways and not args.link_mbit:
+                row.append(measure("torchft-pg", state_gb, args, in_place=in_place))
+            if "stream" in args.ways:
+                row += [measure("stream", state_gb, args, n, in_place) for n in (args.sources if in_place else [1])]
         for r in row:
             raw = next(x["gib_per_s"] for x in row if x["way"] == "raw-tcp" and x["in_place"] == r["in_place"])
             one = next((x["gib_per_s"] for x in row if x["way"] == r["way"] and x["in_place"] == r["in_place"]

@@ -248,7 +248,8 @@ class RankTrainer:
 
     def _report_heal(self, step: int) -> None:
         live, fetch, r = self.training.live, self.r.transport.last_fetch, self.r
-        sources = [r.peers.groups.get(url, live.last_source_group) for url in fetch.sources]
+        found = [r.peers.groups.get(url, live.last_source_group) for url in fetch.sources]
+        sources = [group for group in found if group is not None]  # a replica name without a group id
         self.sink.emit(HealEvent, step=step, source_group=live.last_source_group, sources=sources,
                        source_failures=len(fetch.failed), bytes=fetch.bytes, quorum_at=r.internals.quorum_answered_at(),
                        fetch_started_at=fetch.started_at, header_s=fetch.header_s, transfer_s=fetch.transfer_s,
