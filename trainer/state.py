@@ -9,7 +9,6 @@ before ``optimizer.step()`` changes them.
 
 from __future__ import annotations
 
-import ctypes
 import hashlib
 import time
 from dataclasses import dataclass
@@ -141,6 +140,7 @@ class LiveState:
         digest = hashlib.sha256()
         for _, param in self.named_params:
             for tensor in (local(param), *map(local, self._param_state(param).values())):
-                t = tensor.detach().to("cpu").contiguous()
-                digest.update(ctypes.string_at(t.data_ptr(), t.nbytes))
+                flat = tensor.detach().to("cpu").contiguous().reshape(-1)
+                if flat.numel():  # hashed from its storage: no copy of the bytes first
+                    digest.update(memoryview(flat.view(torch.uint8).numpy()))
         return digest.hexdigest()[:16]
