@@ -23,6 +23,7 @@ class LighthouseSupervisor:
         self.proc: subprocess.Popen | None = None
         self.restarts = 0
         self.started_at = 0.0
+        self._killed: subprocess.Popen | None = None
         self._hold_until = 0.0
         self._stopping = threading.Event()
         self._lock = threading.Lock()
@@ -65,10 +66,12 @@ class LighthouseSupervisor:
         (it is already down, between a death and its restart)."""
         with self._lock:
             proc = self.proc
-            if proc is None or proc.poll() is not None:
+            # a process just SIGKILLed may not have exited yet: it is down all the same
+            if proc is None or proc.poll() is not None or proc is self._killed:
                 raise LookupError("the Lighthouse is not running: it is already down and will be restarted")
             now = time.time()
             self._hold_until = now + down_s
+            self._killed = proc
             proc.kill()
         return proc.pid, now, now + max(self.settings.restart_delay_s, down_s)
 

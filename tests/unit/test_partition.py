@@ -8,6 +8,7 @@ import time
 import pytest
 
 from service.controlplane.drills.partition import lost_group
+from service.controlplane.errors import DrillConflict
 from service.controlplane.partition import survivors
 
 
@@ -73,6 +74,14 @@ def test_the_partition_drill_predicts_the_group_the_rule_evicts():
     assert lost_group([2, 1], None, [0, 1, 2, 3]) == 2
     assert lost_group([0, 1], None, [0, 1]) == 1, "two groups: the lower number is kept"
     assert lost_group(None, 0, [0, 1, 2]) == 0, "an isolated group is the one lost"
+
+
+def test_a_cut_naming_a_group_that_is_not_running_is_refused_in_one_line():
+    """Found by the API fuzz: a cut of two groups never seen (state unknown) was a 500."""
+    with pytest.raises(DrillConflict, match="groups 1 and 0 must both be running to be cut apart .running: none"):
+        lost_group([1, 0], None, [])
+    with pytest.raises(DrillConflict, match=r"\(running: 0, 2\)"):
+        lost_group([1, 2], None, [0, 2])
 
 
 def test_ftctl_drill_partition_says_in_one_line_what_it_needs(capsys):

@@ -94,6 +94,9 @@ def lost_group(cut: list[int] | None, isolate: int | None, up: list[int]) -> int
     if isolate is not None:
         return isolate
     a, b = cut
+    if not {a, b} <= set(up):
+        raise DrillConflict(f"groups {a} and {b} must both be running to be cut apart (running: "
+                            f"{', '.join(map(str, sorted(up))) or 'none'}); wait for them to start")
     reached = {g: {h: {g, h} != {a, b} for h in up if h != g} for g in up}
     [evicted] = survivors(reached).evict
     return evicted
