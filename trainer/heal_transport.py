@@ -311,7 +311,7 @@ class StreamTransport(CheckpointTransport[Any]):
         for url in self._sources(metadata, step, report):
             source = _Source(url, timeout)
             try:
-                _, parsed = source.header(step)
+                parsed = source.header(step)
             except SourceFailed as err:
                 report.failed[url] = str(err)
                 source.close()
@@ -328,7 +328,7 @@ class StreamTransport(CheckpointTransport[Any]):
         tensors = self._receivers(header, report)
         report.header_s = time.perf_counter() - start
         work = _Work(pieces(header.tensor_bytes, len(sources), self.piece_bytes), [s.url for s in sources], report)
-        receiving = _Receiving(step, header, [_host_bytes(t) for t in tensors], work, self.on_bytes)
+        receiving = _Receiving(step, header.tensors, [_host_bytes(t) for t in tensors], work, self.on_bytes)
         threads = [threading.Thread(target=receiving.run, args=(source,), name=f"heal-from-{source.url}", daemon=True)
                    for source in sources]
         try:
@@ -393,6 +393,7 @@ class _Source:
         parts = urlsplit(url)
         self.url = url
         self.connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout.total_seconds())
+        self.head = b""
 
     def get(self, step: int, start: int, end: int) -> http.client.HTTPResponse:
         try:
@@ -404,23 +405,37 @@ class _Source:
             raise SourceFailed(f"refused step {step}: {response.status} {response.read(500).decode(errors='replace')}")
         return response
 
-    def header(self, step: int, response: http.client.HTTPResponse | None = None) -> tuple[bytes, HealHeader]:
-        """The header of ``response`` (by default, of a request for the header alone)."""
-        response = response or self.get(step, 0, 0)
-        length = bytearray(HEADER_LENGTH_BYTES)
-        _read_exactly(response, memoryview(length))
-        raw = bytearray(int.from_bytes(length, "big"))
-        _read_exactly(response, memoryview(raw))
+    def header(self, step: int) -> HealHeader:
+        """The header alone, read and kept (:attr:`head`) to hold every piece's against."""
+        raw = _read_head(self.get(step, 0, 0))
         try:
             header = HealHeader.model_validate(json.loads(raw))
         except ValueError as err:
             raise SourceFailed(f"an unreadable header: {err}") from err
         if header.step != step:
             raise SourceFailed(f"sent step {header.step} for step {step}")
-        return bytes(raw), header
+        self.head = raw
+        return header
+
+    def piece(self, step: int, start: int, end: int) -> http.client.HTTPResponse:
+        """The answer for bytes ``[start, end)``, past its header: the same header, byte for
+        byte, as :meth:`header` read (the source still serves the state it described)."""
+        response = self.get(step, start, end)
+        if _read_head(response) != self.head:
+            raise SourceFailed("serves a different state at this step")
+        return response
 
     def close(self) -> None:
         self.connection.close()
+
+
+def _read_head(response: http.client.HTTPResponse) -> bytes:
+    """The header's JSON at the start of an answer."""
+    length = bytearray(HEADER_LENGTH_BYTES)
+    _read_exactly(response, memoryview(length))
+    raw = bytearray(int.from_bytes(length, "big"))
+    _read_exactly(response, memoryview(raw))
+    return bytes(raw)
 
 
 def _read_exactly(response: http.client.HTTPResponse, into: memoryview) -> None:
@@ -482,10 +497,13 @@ class _Receiving:
     """One heal's destination: each source's thread runs :meth:`run`."""
 
     step: int
-    header: HealHeader
+    leaves: list[Leaf]
     views: list[memoryview]
     work: _Work
     on_bytes: Callable[[str, int], None] | None
+
+    def __post_init__(self) -> None:
+        self.sizes = [leaf.tensor.nbytes for leaf in self.leaves]
 
     def run(self, source: _Source) -> None:
         while (piece := self.work.take()) is not None:
@@ -504,12 +522,9 @@ class _Receiving:
 
     def _fetch(self, source: _Source, piece: tuple[int, int]) -> float:
         """Receive ``piece`` from ``source`` into the destination; the seconds its CRCs took."""
-        response = source.get(self.step, *piece)
-        _, header = source.header(self.step, response)
-        if _layout(header) != _layout(self.header):
-            raise SourceFailed("serves a different state at this step")
-        leaves, checksum_s, trailer = self.header.tensors, 0.0, bytearray(CRC_BYTES)
-        for index, lo, hi in segments([leaf.tensor.nbytes for leaf in leaves], *piece):
+        response = source.piece(self.step, *piece)
+        checksum_s, trailer = 0.0, bytearray(CRC_BYTES)
+        for index, lo, hi in segments(self.sizes, *piece):
             view, crc = self.views[index][lo:hi], 0
             for at in range(0, len(view), CHUNK_BYTES):
                 chunk = view[at:at + CHUNK_BYTES]
@@ -521,6 +536,6 @@ class _Receiving:
                     self.on_bytes(source.url, len(chunk))
             _read_exactly(response, memoryview(trailer))
             if struct.unpack(">I", trailer)[0] != crc:
-                raise HealError(f"tensor {leaves[index].path} arrived corrupted from {source.url} "
+                raise HealError(f"tensor {self.leaves[index].path} arrived corrupted from {source.url} "
                                 "(CRC-32C mismatch): the heal is not applied")
         return checksum_s
