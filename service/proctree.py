@@ -25,6 +25,15 @@ def process_tree(pid: int) -> list[psutil.Process]:
         return []
 
 
+def descends_from(pid: int, root: int) -> bool:
+    """Whether ``pid`` is ``root`` or one of its descendants: a walk up from ``pid`` (a few reads
+    of /proc), where listing ``root``'s tree means reading every process on the node."""
+    try:
+        return pid == root or any(p.pid == root for p in psutil.Process(pid).parents())
+    except psutil.NoSuchProcess:
+        return False
+
+
 def signal_tree(pid: int, sig: int = signal.SIGKILL) -> list[int]:
     """Send ``sig`` to ``pid`` and all its descendants; returns the pids signalled."""
     signalled = []

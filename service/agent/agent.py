@@ -66,7 +66,7 @@ class Agent:
                                      take_quarantine=lambda: take_quarantine(settings.events_dir, settings.group))
         if settings.watchdog:
             watchdog = Watchdog(settings.watchdog_settings(), settings.events_dir, settings.group,
-                                settings.ranks_per_group, supervisor.pids, supervisor.end_hung)
+                                settings.ranks_per_group, supervisor.owns, supervisor.end_hung)
         forwarder = EventForwarder(settings.group, settings.events_dir, settings.control_plane, settings.token,
                                    settings.buffer_capacity, settings.forward_interval_s, settings.forward_batch,
                                    settings.forward_timeout_s,

@@ -18,7 +18,7 @@ from protocol.defaults import LOOPBACK
 from protocol.torchrun import free_port, torchrun_argv, torchrun_env
 from service.agent.crash_line import log_size, read_crash_line
 from service.agent.pidfile import forget_pid, reap_pidfile, record_pid
-from service.proctree import REAPED_S, end_tree, process_tree, signal_tree, wait_gone
+from service.proctree import REAPED_S, descends_from, end_tree, process_tree, signal_tree, wait_gone
 
 if TYPE_CHECKING:
     from service.agent.spare import WarmSpare
@@ -120,6 +120,11 @@ class GroupSupervisor:
 
     def pids(self) -> list[int]:
         return [p.pid for p in process_tree(self.proc.pid)] if self.running else []
+
+    def owns(self, pid: int) -> bool:
+        """Whether ``pid`` is one of the running group's processes."""
+        proc = self.proc
+        return proc is not None and self.running and descends_from(pid, proc.pid)
 
     def reap_orphans(self) -> list[int]:
         """Kill what a previous agent of this group left running: two copies must never train."""

@@ -97,10 +97,10 @@ class Watchdog:
     """Runs :func:`hang_verdict` over the group's beacons and hands a verdict to ``on_hung``."""
 
     def __init__(self, settings: WatchdogSettings, events_dir: Path, group: int, ranks_per_group: int,
-                 pids: Callable[[], list[int]], on_hung: Callable[[str], None], step_window: int = 20):
+                 owns: Callable[[int], bool], on_hung: Callable[[str], None], step_window: int = 20):
         self.settings = settings
         self.paths = {r: events_dir / GroupLayout(group).beacon(r) for r in range(ranks_per_group)}
-        self.pids = pids
+        self.owns = owns
         self.on_hung = on_hung
         self.step_times: deque[float] = deque(maxlen=step_window)
         self._lock = threading.Lock()
@@ -117,13 +117,13 @@ class Watchdog:
             self.step_times.append(step_s)
 
     def check(self) -> str | None:
-        pids = set(self.pids())
+        beacons = {r: read_beacon(p) for r, p in self.paths.items()}
+        pids = {b.pid for b in beacons.values() if b is not None and self.owns(b.pid)}
         if not pids:
             return None
         with self._lock:
             steps = list(self.step_times)
-        return hang_verdict(time.time(), {r: read_beacon(p) for r, p in self.paths.items()}, pids, steps,
-                            self.settings)
+        return hang_verdict(time.time(), beacons, pids, steps, self.settings)
 
     def _run(self) -> None:
         while not self._stop.wait(self.settings.interval_s):

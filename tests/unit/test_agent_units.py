@@ -22,7 +22,7 @@ from service.agent.config import AgentSettings
 from service.agent.pidfile import PidRecord, forget_pid, reap_pidfile, record_pid
 from service.agent.spare import WarmSpare
 from service.agent.supervisor import GroupCommand
-from service.proctree import wait_gone
+from service.proctree import descends_from, kill_tree, process_tree, wait_gone
 
 
 def spare(tmp_path: Path) -> WarmSpare:
@@ -62,6 +62,27 @@ def test_a_killed_process_nobody_reaped_yet_counts_as_gone():
         for proc in (zombie, alive):
             proc.kill()
             proc.wait()
+
+
+def test_a_process_belongs_to_a_tree_when_a_walk_up_from_it_meets_the_root():
+    """What the watchdog asks ten times a second of each beacon's pid, found by walking up the
+    pid's parents instead of listing the root's tree (a read of every process on the node)."""
+    parent = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; "
+                               "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)"],
+                              start_new_session=True)  # as torchrun starts its workers: a session of their own
+    stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        while len(tree := process_tree(parent.pid)) < 2:
+            pass
+        grandchild = tree[1].pid
+        assert descends_from(parent.pid, parent.pid) and descends_from(grandchild, parent.pid)
+        assert not descends_from(stranger.pid, parent.pid) and not descends_from(parent.pid, grandchild)
+        assert not descends_from(2**22 + 1, parent.pid)  # above any pid_max: no such process
+    finally:
+        kill_tree(parent.pid)
+        parent.wait()
+        stranger.kill()
+        stranger.wait()
 
 
 def test_the_agents_api_answers_in_the_protocols_models_and_counts_with_counters(tmp_path):
