@@ -22,8 +22,8 @@ from bench.common import Up, job_parser, spread, write_result
 
 def turn(args, asynchronous: bool) -> dict:
     extra = [f"--checkpoint-every={args.every}", *([] if asynchronous else ["--no-checkpoint-async"])]
-    up = Up(Path(tempfile.mkdtemp(prefix="ftbench-ckpt-")) / "state", args.groups, args.ranks_per_group, extra,
-            auto_rejoin_delay_s=0.0)  # a group the watchdog ends comes back instead of stalling the turn
+    # a group the watchdog ends comes back by itself (ftctl up's default) instead of stalling the turn
+    up = Up(Path(tempfile.mkdtemp(prefix="ftbench-ckpt-")) / "state", args.groups, args.ranks_per_group, extra)
     try:
         up.wait_training()
         deadline = time.monotonic() + 300

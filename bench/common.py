@@ -51,7 +51,8 @@ def add_recovery_options(parser: argparse.ArgumentParser) -> None:
     """How `ftctl up` recovers a killed group: the flags the recovery and chaos benchmarks share."""
     parser.add_argument("--spares", action="store_true", help="a warm spare per group")
     parser.add_argument("--failover", action="store_true",
-                        help="agents restart a killed group at once (--auto-rejoin-delay 0) instead of the drill later")
+                        help="agents bring a killed group back at once by themselves (ftctl up's default) instead of the "
+                        "drill later (--no-auto-rejoin)")
     parser.add_argument("--join-timeout-ms", type=int, default=defaults.JOIN_TIMEOUT_MS,
                         help="the Lighthouse's join timeout")
     parser.add_argument("--no-zygote", dest="zygote", action="store_false",
@@ -61,7 +62,7 @@ def add_recovery_options(parser: argparse.ArgumentParser) -> None:
 def recovery_settings(args: argparse.Namespace, groups: int | None = None) -> dict:
     """``Up`` keyword arguments from the flags of ``add_recovery_options`` (for ``groups`` groups,
     default ``args.groups``)."""
-    return {"spares": (groups or args.groups) if args.spares else 0, "auto_rejoin_delay_s": 0.0 if args.failover else None,
+    return {"spares": (groups or args.groups) if args.spares else 0, "auto_rejoin": args.failover,
             "join_timeout_ms": args.join_timeout_ms, "zygote": args.zygote}
 
 
@@ -83,7 +84,7 @@ class Up:
 
     def __init__(self, state_dir: Path, groups: int, ranks_per_group: int, trainer_args: list[str],
                  heartbeat_timeout_ms: int = defaults.HEARTBEAT_TIMEOUT_MS, spares: int = 0,
-                 auto_rejoin_delay_s: float | None = None, join_timeout_ms: int = defaults.JOIN_TIMEOUT_MS,
+                 auto_rejoin: bool = True, join_timeout_ms: int = defaults.JOIN_TIMEOUT_MS,
                  zygote: bool = True):
         self.port = free_port()
         self.state_dir = state_dir
@@ -94,7 +95,7 @@ class Up:
              "--state-dir", str(state_dir), "--heartbeat-timeout-ms", str(heartbeat_timeout_ms),
              "--join-timeout-ms", str(join_timeout_ms),
              "--spares", str(spares),
-             *(["--auto-rejoin-delay", str(auto_rejoin_delay_s)] if auto_rejoin_delay_s is not None else []),
+             *([] if auto_rejoin else ["--no-auto-rejoin"]),
              *([] if zygote else ["--no-zygote"]),
              *[f"--trainer-arg={a}" for a in trainer_args]],
             cwd=REPO, env={**os.environ, "FTCTL_TOKEN": TOKEN}, stdout=self.log, stderr=subprocess.STDOUT,

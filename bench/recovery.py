@@ -5,7 +5,7 @@
 torchft path (`ftctl up`, G groups × K ranks): the kill-heal drill R times: kill → survivors'
 next commit, survivor steps lost, rejoin → healed commit phase by phase, heal bytes, and kill →
 all groups training again. The drill rejoins the group as soon as the survivors commit; with --failover
-the agents restart a killed group at once (`--auto-rejoin-delay 0`), which with a warm spare
+the agents restart a killed group at once (`ftctl up`'s default; without it `--no-auto-rejoin`), which with a warm spare
 promotes it into the survivors' next quorum: a join timeout shorter than the heartbeat
 timeout lets that quorum form before the dead group's heartbeat expires.
 

@@ -3,8 +3,10 @@
 ``GET`` :data:`STATUS_PATH` answers :class:`AgentStatus`; ``POST /{action}`` for each
 :data:`AgentAction`, with the bearer token, answers :class:`CommandResult`, or 409 when the
 action does not fit the group's state (kill, evict or stop of a group that is down, start of one
-that runs). ``evict`` is a kill whose reason is ``evicted``: the agent does not restart it by itself. ``rejoin`` is the exception: it asks for a running group, so when the group already runs
-(its agent restarted it by itself) it answers with ``already_running`` set. ``POST``
+that runs). ``kill`` takes an optional :class:`KillRequest` (a person's kill, or a drill's
+fault). ``evict`` is a kill whose reason is ``evicted``: the agent does not restart it by
+itself. ``rejoin`` is the exception: it asks for a running group, so when the group already
+runs (its agent restarted it by itself) it answers with ``already_running`` set. ``POST``
 :data:`PROBE_PATH` with a :class:`ProbeRequest` answers :class:`ProbeResult`: which other groups'
 agents this agent's host reaches (``service/controlplane/partition.py``). ``POST``
 :data:`CUT_PATH` with a :class:`CutRequest` cuts this agent's host off from other hosts for a
@@ -56,6 +58,8 @@ class AgentStatus(BaseModel):
     restarts: int
     last_step: int | None = Field(description="the last committed step rank 0 wrote")
     last_exit: LastExit | None
+    restart_at: float | None = Field(None, description="when the agent starts the group again by itself: a restart "
+                                     "it planned after the group went down (a backoff, a crash-loop hold)")
     events_buffered: int
     events_dropped: int = Field(description="events dropped so far: the buffer was full")
     events_refused: int = Field(0, description="events the control plane refused (a 4xx), dropped and counted")
@@ -64,6 +68,14 @@ class AgentStatus(BaseModel):
     control_plane_reachable: bool
     spare: SpareState | None = Field(None, description="the warm spare, when the agent keeps one")
     cut: CutState | None = Field(None, description="the partition drill's last cut of this host, if any")
+
+
+class KillRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    fault: bool = Field(False, strict=True, description="a drill's stand-in for a node loss: the group comes back by "
+                        "itself as after a crash (when its agent restarts groups), and the kill is not counted "
+                        "against it; otherwise a person's kill, and the group stays down until a rejoin")
 
 
 class CommandResult(BaseModel):

@@ -21,7 +21,7 @@ Count = Annotated[int, Field(ge=0, le=INT64_MAX)]
 Seconds = Annotated[float, Field(ge=0)]
 """A duration (finite: no event carries NaN or infinity)."""
 
-ExitKind = Literal["killed", "crashed", "hung", "lost", "evicted", "quarantined", "stopped", "finished"]
+ExitKind = Literal["killed", "crashed", "hung", "lost", "evicted", "quarantined", "stopped", "finished", "crash-loop"]
 """How a group's processes ended, as its agent saw it: the reason a group is down. ``hung``:
 its agent's watchdog ended it (the event's detail says why). ``lost``: the control plane's
 verdict, not the agent's: the agent does not answer and the Lighthouse has no heartbeat from
@@ -29,7 +29,9 @@ the group (a node lost with everything on it). ``evicted``: the control plane en
 persistent straggler (``--straggler-policy evict``), or as a group on the far side of a
 partition (``service/controlplane/partition.py``). ``quarantined``: its ranks left after the
 gradient check found a persistent silent data corruption in them (``trainer/gradient_check.py``); like an evicted
-group it is not restarted by itself, its warm spare takes its place."""
+group it is not restarted by itself, its warm spare takes its place. ``crash-loop``: no exit of its
+own but its agent's hold after one: the group went down by itself too often lately
+(``service/agent/restarts.py``) and stays down for a cool-down before it is tried again."""
 Verdict = Literal["transient", "persistent", "data"]
 """The gradient check's attribution of an abnormal gradient norm, as Megatron's rerun state
 machine attributes one: the flagged group's rerun of the batch was normal (``transient``); it was

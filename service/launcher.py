@@ -37,6 +37,7 @@ from protocol.lifetime import die_with_parent
 from protocol.lighthouse import HEALTH_PATH as LIGHTHOUSE_HEALTH_PATH
 from protocol.tokens import TOKEN_VARIABLES, group_token
 from protocol.torchrun import free_port, torchrun_env
+from service.agent.restarts import RestartSettings
 from service.client import DEFAULT_STATE_DIR, Connection
 from service.proctree import REAPED_S, end_tree, wait_gone
 
@@ -70,7 +71,7 @@ class StateLock:
         os.close(self._fd)
 
 
-class UpSettings(JobSettings):
+class UpSettings(RestartSettings, JobSettings):
     """Start the Lighthouse, the control plane and N replica groups, and watch them (the job checked first)."""
 
     groups: int = Field(2, ge=1, description="replica groups N")
@@ -88,7 +89,6 @@ class UpSettings(JobSettings):
         "promoted spare in before the dead group's heartbeat times out")
     spares: int = Field(0, ge=0, description="keep a warm spare for the first S groups: rejoin promotes it "
                         "instead of starting cold")
-    auto_rejoin_delay: float | None = Field(None, ge=0, description="rejoin a killed group by itself after this many seconds")
     zygote: bool = Field(True, description="each agent forks its group's ranks from a process that imported "
                          "everything once (--no-zygote: every start is a cold torchrun start)")
     straggler_policy: Literal["flag", "evict"] = Field(
@@ -270,8 +270,7 @@ class LocalJob:
                     "--state-dir", str(cfg.state_dir), "--trainer-args", json.dumps(trainer_args)]
             if g < cfg.spares:
                 argv += ["--spare"]
-            if cfg.auto_rejoin_delay is not None:
-                argv += ["--auto-rejoin-delay-s", str(cfg.auto_rejoin_delay)]
+            argv += cfg.restart_flags()
             if not cfg.zygote:
                 argv += ["--no-zygote"]
             self._spawn(f"agent{g}", argv)

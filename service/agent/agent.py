@@ -61,7 +61,7 @@ class Agent:
                 watchdog.started()
             return forwarder.emit_process(action, **fields)
 
-        supervisor = GroupSupervisor(command, settings.pid_path, on_process_event, settings.auto_rejoin_delay_s, spare,
+        supervisor = GroupSupervisor(command, settings.pid_path, on_process_event, settings.restart_policy(), spare,
                                      lighthouse_away=lambda: _lighthouse_away(settings.lighthouse),
                                      take_quarantine=lambda: take_quarantine(settings.events_dir, settings.group))
         if settings.watchdog:
@@ -142,7 +142,8 @@ class Agent:
             group=self.settings.group, state="running" if running else "down",
             pid=supervisor.proc.pid if running else None, pids=supervisor.pids(),
             starts=supervisor.starts, restarts=supervisor.restarts, last_step=forwarder.last_step,
-            last_exit=supervisor.last_exit, events_buffered=len(forwarder.buffer),
+            last_exit=supervisor.last_exit, restart_at=None if running else supervisor.restart_at,
+            events_buffered=len(forwarder.buffer),
             events_dropped=forwarder.dropped, events_refused=forwarder.refused, events_invalid=forwarder.invalid,
             events_forwarded=forwarder.forwarded,
             control_plane_reachable=forwarder.reachable, spare=self.spare.state() if self.spare else None,

@@ -11,6 +11,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from protocol.layout import GroupLayout
 from protocol import defaults
 from protocol.tokens import group_token, strong_token
+from service.agent.restarts import RestartSettings
 from service.agent.supervisor import STOP_TIMEOUT_S
 from service.agent.watchdog import WatchdogSettings
 
@@ -18,7 +19,7 @@ WILDCARDS = ("0.0.0.0", "::", "")
 """Bind addresses that name no host another process could call."""
 
 
-class AgentSettings(BaseSettings):
+class AgentSettings(BaseSettings, RestartSettings):
     model_config = SettingsConfigDict(env_prefix="FT_AGENT_", cli_kebab_case=True, cli_implicit_flags=True,
                                       cli_prog_name="python -m service.agent", extra="ignore")
 
@@ -44,7 +45,6 @@ class AgentSettings(BaseSettings):
     state_dir: Path = Field(Path("ftstate"), description="events/, logs/ and checkpoints/ live here")
     trainer_args: list[str] = Field(default_factory=list, description="extra trainer flags, as a JSON list")
     autostart: bool = Field(True, description="start the group when the agent starts")
-    auto_rejoin_delay_s: float | None = Field(None, ge=0, description="restart a killed or crashed group after this delay; none: stay down until rejoin")
     spare: bool = Field(False, description="keep a warm spare of the group: pre-started, outside the quorum, promoted by rejoin")
     zygote: bool = Field(True, description="fork the group's ranks (and its spare's) from a process that imported "
                          "torch, torchft and the model code and read the corpus once, at agent start; off: every "

@@ -9,7 +9,7 @@ from fastapi.concurrency import run_in_threadpool
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from protocol.agent import (CUT_PATH, HEALTH_PATH, PROBE_PATH, STATUS_PATH, AgentAction, AgentStatus, CommandResult,
-                            CutRequest, CutState, ProbeRequest, ProbeResult, command_path)
+                            CutRequest, CutState, KillRequest, ProbeRequest, ProbeResult, command_path)
 from protocol.health import Served
 from protocol.injection import INJECT_PATH, InjectRequest, InjectResult
 from service.agent.agent import Agent
@@ -66,15 +66,16 @@ async def rejoin(agent: AgentDep) -> CommandResult:
 
 
 @commands.post(command_path("kill"), response_model=CommandResult, responses={409: {}})
-async def kill(agent: AgentDep) -> CommandResult:
+async def kill(agent: AgentDep, body: KillRequest | None = None) -> CommandResult:
     """SIGKILL the group's whole process tree (409 if it is down)."""
-    return await _run(agent, "kill", agent.supervisor.kill)
+    fault = body is not None and body.fault
+    return await _run(agent, "kill", lambda: agent.supervisor.kill(fault))
 
 
 @commands.post(command_path("evict"), response_model=CommandResult, responses={409: {}})
 async def evict(agent: AgentDep) -> CommandResult:
     """SIGKILL the group's whole tree as a persistent straggler (409 if it is down); it is not
-    restarted by ``--auto-rejoin-delay-s``: a rejoin brings it back (its warm spare, if ready)."""
+    restarted by itself: a rejoin brings it back (its warm spare, if ready)."""
     return await _run(agent, "evict", agent.supervisor.evict)
 
 

@@ -18,6 +18,7 @@ from protocol.defaults import LOOPBACK
 from protocol.torchrun import free_port, torchrun_argv, torchrun_env
 from service.agent.crash_line import log_size, read_crash_line
 from service.agent.pidfile import forget_pid, reap_pidfile, record_pid
+from service.agent.restarts import RestartPlan, RestartPolicy, restart_plan
 from service.proctree import REAPED_S, descends_from, end_tree, process_tree, signal_tree, wait_gone
 
 if TYPE_CHECKING:
@@ -72,6 +73,8 @@ class GroupCommand:
 
 
 LIGHTHOUSE_POLL_S = 0.5
+WENT_DOWN_BY_ITSELF: frozenset[ExitKind] = frozenset({"crashed", "hung"})
+"""Exits nobody decided on: the group comes back by itself (with a restart policy)."""
 
 
 @dataclass(frozen=True)
@@ -86,20 +89,28 @@ class Outcome:
 
 class GroupSupervisor:
     def __init__(self, command: GroupCommand, pid_path: Path, on_event: Callable[..., ProcessEvent],
-                 auto_rejoin_delay_s: float | None, spare: "WarmSpare | None" = None,
+                 restart_policy: RestartPolicy | None, spare: "WarmSpare | None" = None,
                  lighthouse_away: Callable[[], str | None] = lambda: None,
                  take_quarantine: Callable[[], Quarantine | None] = lambda: None):
         """``lighthouse_away`` says why the Lighthouse takes no connection (None: it does). An
         automatic restart waits for it: a group started without it stops again at once, and a
         Lighthouse away long enough stops every group (exit reason lighthouse-away).
-        ``take_quarantine`` reads why the group's ranks quarantined themselves (None: they did not)."""
+        ``take_quarantine`` reads why the group's ranks quarantined themselves (None: they did not).
+        ``restart_policy``: how a group that went down by itself comes back (``service/agent/restarts.py``);
+        None: it stays down until a rejoin."""
         self.command = command
         self.lighthouse_away = lighthouse_away
         self.take_quarantine = take_quarantine
         self.group = command.group
         self.pid_path = pid_path
         self.on_event = on_event
-        self.auto_rejoin_delay_s = auto_rejoin_delay_s
+        self.restart_policy = restart_policy
+        self.failures: list[float] = []
+        """when the group went down by itself lately (the restart policy's window)"""
+        self.restart_at: float | None = None
+        """when the group starts again by itself, while a restart is planned"""
+        self._planned: object | None = None
+        """the planned restart's ticket: a start, or a later plan, voids it"""
         self.spare = spare
         self.proc: GroupProcess | None = None
         self.starts = 0
@@ -130,8 +141,9 @@ class GroupSupervisor:
         """Kill what a previous agent of this group left running: two copies must never train."""
         return reap_pidfile(self.pid_path, self.group) + (self.spare.reap() if self.spare else [])
 
-    def start(self) -> Outcome:
-        """Start the group: promote the warm spare when there is one, else start cold."""
+    def start(self, why: str | None = None) -> Outcome:
+        """Start the group: promote the warm spare when there is one, else start cold; ``why``
+        is said in the started event (an automatic restart tells what it follows)."""
         with self._lock:
             if self.running:
                 raise StateConflict(f"group {self.group} is already running (pid {self.proc.pid})")
@@ -141,11 +153,14 @@ class GroupSupervisor:
             else:
                 self.proc = self.command.spawn(f"starting group {self.group}")
                 detail = "cold start"
+            if why:
+                detail = f"{detail}; {why}"
             # after the spawn: what a zygote that could not serve said while it was asked is not this start's
             self._log_offset = log_size(self.command.log_path)
             record_pid(self.pid_path, self.proc.pid, self.group)
             self.starts += 1
             self._intent = None
+            self._planned = self.restart_at = None
             proc = self.proc
         event = self.on_event("started", pid=proc.pid, detail=detail)
         threading.Thread(target=self._watch, args=(proc,), name=f"watch-{proc.pid}", daemon=True).start()
@@ -168,17 +183,48 @@ class GroupSupervisor:
         else:
             self._exited(proc, "crashed", read_crash_line(self.command.log_path, self._log_offset))
 
-    def _exited(self, proc: "GroupProcess", kind: ExitKind, detail: str | None = None) -> ProcessEvent:
+    def _exited(self, proc: "GroupProcess", kind: ExitKind, detail: str | None = None,
+                fault: bool = False) -> ProcessEvent:
+        """Report the exit and plan what follows it. ``fault``: a drill's kill standing for a
+        node loss, which comes back like a crash but is not counted against the group."""
         code = proc.wait()
         forget_pid(self.pid_path, proc.pid)
         self.last_exit = LastExit(kind=kind, returncode=code, ts=time.time())
         log.info("group %d %s (exit code %s)%s", self.group, kind, code, f": {detail}" if detail else "")
         event = self.on_event(kind, pid=proc.pid, returncode=code, detail=detail)
-        if kind in ("killed", "crashed", "hung") and self.auto_rejoin_delay_s is not None:
-            threading.Thread(target=self._auto_rejoin, name=f"auto-rejoin-{self.group}", daemon=True).start()
+        if self.restart_policy is not None and (kind in WENT_DOWN_BY_ITSELF or fault):
+            self._plan_restart(kind, detail, counted=not fault)
         elif kind == "quarantined" and self.spare and self.spare.state() == "ready":
             self._replace_by_spare()
         return event
+
+    def _plan_restart(self, kind: ExitKind, detail: str | None, counted: bool) -> None:
+        """Start the group again by itself, when the restart policy says (a drill's fault: at once)."""
+        policy, now = self.restart_policy, time.time()
+        assert policy is not None
+        ticket = object()
+        with self._lock:
+            if counted:
+                self.failures = [t for t in self.failures if now - t < policy.window_s] + [now]
+                plan = restart_plan(policy, self.failures, now)
+            else:
+                plan = RestartPlan(0.0, 0, crash_loop=False)
+            self._planned, self.restart_at = ticket, now + plan.delay_s
+        if plan.crash_loop:
+            last = f"{kind}: {detail}" if detail else kind
+            log.warning("group %d is crash-looping (%d unplanned exits in %g s, the last %s); held down for %g s",
+                        self.group, plan.failures, policy.window_s, last, plan.delay_s)
+            self.on_event("crash-loop", detail=f"{plan.failures} unplanned exits within {policy.window_s:g} s, "
+                          f"the last {last}; held down, tried again in {plan.delay_s:g} s (or ftctl rejoin "
+                          f"{self.group})")
+            why = f"restarted by its agent after a crash-loop hold of {plan.delay_s:g} s"
+        elif plan.delay_s > 0:
+            why = (f"restarted by its agent after {kind}, unplanned exit {plan.failures} within {policy.window_s:g} s, "
+                   f"after {plan.delay_s:g} s")
+        else:
+            why = f"restarted by its agent after {kind}"
+        threading.Thread(target=self._restart_later, args=(ticket, plan.delay_s, why),
+                         name=f"restart-{self.group}", daemon=True).start()
 
     def _replace_by_spare(self) -> None:
         """A quarantined group's ranks are not started again (their hardware is suspect); its
@@ -188,24 +234,28 @@ class GroupSupervisor:
         except StateConflict:
             pass
 
-    def _auto_rejoin(self) -> None:
-        if self._shutdown.wait(self.auto_rejoin_delay_s):
+    def _restart_later(self, ticket: object, delay_s: float, why: str) -> None:
+        if self._shutdown.wait(delay_s):
             return
         said = False
-        while (why := self.lighthouse_away()) is not None:
+        while (away := self.lighthouse_away()) is not None:
             if not said:
-                log.warning("group %d waits for the Lighthouse (%s) before it starts again", self.group, why)
+                log.warning("group %d waits for the Lighthouse (%s) before it starts again", self.group, away)
                 said = True
             if self._shutdown.wait(LIGHTHOUSE_POLL_S):
                 return
+        with self._lock:
+            if self._planned is not ticket:
+                return  # started since (a rejoin), or gone down again with a plan of its own
         try:
-            self.start()
+            self.start(why)
         except StateConflict:
             pass  # somebody rejoined it already
 
-    def kill(self) -> Outcome:
-        """SIGKILL the whole tree at once (torchrun and every rank), like losing the node."""
-        return self._end_now("killed")
+    def kill(self, fault: bool = False) -> Outcome:
+        """SIGKILL the whole tree at once (torchrun and every rank), like losing the node. A
+        person's kill stays down until a rejoin; a drill's (``fault``) comes back as a crash does."""
+        return self._end_now("killed", fault=fault)
 
     def evict(self) -> Outcome:
         """SIGKILL the whole tree for good: the straggler policy, or an operator, evicted the group."""
@@ -219,7 +269,7 @@ class GroupSupervisor:
         except StateConflict:
             pass
 
-    def _end_now(self, kind: ExitKind, detail: str | None = None) -> Outcome:
+    def _end_now(self, kind: ExitKind, detail: str | None = None, fault: bool = False) -> Outcome:
         with self._lock:
             if not self.running or (kind == "hung" and self._intent is not None):
                 raise StateConflict(f"group {self.group} is not running")
@@ -229,7 +279,7 @@ class GroupSupervisor:
                 signal_tree(proc.pid, signal.SIGCONT)
             pids = signal_tree(proc.pid, signal.SIGKILL)
         wait_gone(pids, REAPED_S)
-        return Outcome(pids, self._exited(proc, kind, detail))
+        return Outcome(pids, self._exited(proc, kind, detail, fault))
 
     def stop(self) -> Outcome:
         """Stop the group gracefully: the ranks finish their step and exit."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import httpx
+from pydantic import BaseModel
 
 from protocol.agent import (CUT_PATH, PROBE_PATH, STATUS_PATH, AgentAction, AgentStatus, CommandResult, CutRequest,
                             CutState, ProbeRequest, ProbeResult, command_path)
@@ -36,10 +37,11 @@ class AgentClient:
         except (httpx.HTTPError, ValueError) as err:
             raise AgentUnreachable(f"the agent of group {group} at {url} does not answer: {err}") from None
 
-    async def command(self, group: int, action: AgentAction) -> CommandResult:
+    async def command(self, group: int, action: AgentAction, body: BaseModel | None = None) -> CommandResult:
         """POST an action to the group's agent: its 409 is an :class:`AgentConflict`, silence or
         any other error an :class:`AgentUnreachable`."""
-        return CommandResult.model_validate(await self._post(group, command_path(action)))
+        return CommandResult.model_validate(
+            await self._post(group, command_path(action), body.model_dump() if body is not None else None))
 
     async def inject(self, group: int, request: InjectRequest) -> InjectResult:
         """A drill's fault into the group's running ranks (errors as for :meth:`command`)."""

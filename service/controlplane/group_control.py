@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from typing import Callable
 
-from protocol.agent import CommandResult
+from protocol.agent import CommandResult, KillRequest
 from protocol.events import Event
 from protocol.injection import InjectRequest, InjectResult
 from service.controlplane.agents import AgentClient
@@ -30,7 +30,7 @@ class Rejoin:
 
     @property
     def restarted_by_agent(self) -> bool:
-        """The group was running already: its agent had restarted it by itself (``--auto-rejoin-delay``)."""
+        """The group was running already: its agent had restarted it by itself."""
         return self.agent.already_running
 
 
@@ -81,10 +81,12 @@ class GroupControl:
         return result
 
     async def kill(self, group: int, drill_id: int | None = None) -> CommandResult:
-        """SIGKILL the group's processes; it shows down (killed) as its agent's event says."""
+        """SIGKILL the group's processes; it shows down (killed) as its agent's event says. A
+        person's kill stays down until a rejoin; a drill's stands for a node loss, and the
+        group's agent brings it back as after a crash (unless it runs with ``--no-auto-rejoin``)."""
         self.board.require_up(group)
         self._check_holder(drill_id)
-        return self._command(await self.agents.command(group, "kill"))
+        return self._command(await self.agents.command(group, "kill", KillRequest(fault=drill_id is not None)))
 
     async def evict(self, group: int, drill_id: int | None = None, replace_by_spare: bool = True) -> Eviction:
         """End the group for good (down, ``evicted``: its agent will not restart it by itself); when

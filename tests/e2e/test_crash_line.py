@@ -60,7 +60,7 @@ def test_a_group_that_fails_at_its_start_reports_its_error_line_in_the_crashed_e
             seen.set()
 
     command = GroupCommand(0, 1, ["--lighthouse", f"http://127.0.0.1:{closed}"], None, tmp_path / "group0.log")
-    supervisor = GroupSupervisor(command, tmp_path / "group0.pid", on_event, auto_rejoin_delay_s=None)
+    supervisor = GroupSupervisor(command, tmp_path / "group0.pid", on_event, restart_policy=None)
     try:
         supervisor.start()
         wait_for(seen.is_set, 120, "the group to exit")

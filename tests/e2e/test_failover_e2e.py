@@ -1,4 +1,4 @@
-"""Fail-over end to end: the agents restart a killed group by themselves (`--auto-rejoin-delay 0`),
+"""Fail-over end to end: the agents restart a killed group by themselves (`ftctl up`'s default),
 promoting its warm spare, and the drills measure that rather than issuing a rejoin of their own; a
 group the gradient check quarantines is replaced by its warm spare, not restarted in place."""
 
@@ -15,7 +15,7 @@ REJOIN_DELAY_S = 120  # the chaos drill's own rejoin: far later than any agent r
 
 @pytest.fixture(scope="module")
 def job(tmp_path_factory):
-    with ftctl_up(tmp_path_factory.mktemp("failover"), "--spares", "2", "--auto-rejoin-delay", "0",
+    with ftctl_up(tmp_path_factory.mktemp("failover"), "--spares", "2",
                   "--join-timeout-ms", "200") as job:
         yield job
 
@@ -37,7 +37,7 @@ def test_kill_heal_drill_sees_the_agent_promote_the_spare(job):
     assert r["survivors_steps_lost"] <= 1 and r["heal_bytes"] > 0
     process = job.control.events(group=1, type="process", since=r["killed_at"])
     assert [(e["action"], e["detail"]) for e in process][:2] == [
-        ("killed", None), ("started", "promoted warm spare (ready)")]
+        ("killed", None), ("started", "promoted warm spare (ready); restarted by its agent after killed")]
     wait_for(lambda: spare(job, 1) in ("starting", "ready"), 60, "the agent to start the next spare")
 
 

@@ -2,12 +2,15 @@
 timeout; a node that freezes with its agent on it is shown lost and the others train on; a
 Lighthouse away past the trainers' quorum timeout stops the groups cleanly, once,
 and their agents bring them back when it answers again; and a slowed group is named a
-straggler, alone; a corrupted gradient is caught, rerun by another group and shown."""
+straggler, alone; a corrupted gradient is caught, rerun by another group and shown; a group
+killed or stopped from outside comes back by itself, and one that keeps going down is held down
+as crash-looping, then tried again."""
 
 from __future__ import annotations
 
 import contextlib
-
+import os
+import re
 import signal
 import time
 
@@ -18,10 +21,12 @@ import pytest
 from bench.browser import chromium, quietly
 from cluster import wait_for
 from service.proctree import process_tree
-from up_job import agent_auth, all_training, assert_recovery_adds_up, ftctl, ftctl_up, groups, json_out
+from up_job import (agent_auth, all_training, assert_recovery_adds_up, ftctl, ftctl_up, groups, json_out,
+                    metric)
 
 COLLECTIVE_TIMEOUT_S = 10.0  # the trainers' --timeout-s default
 QUORUM_TIMEOUT_S = 4.0
+CRASH_LOOP_COOLDOWN_S = 8.0
 STRAGGLER_FACTOR = 1.5
 """Three single-rank groups on two cores differ by up to ~1.25× in compute by themselves (one
 shares its core more): the default 1.15 flags that, rightly, and would blur what the drill shows."""
@@ -29,7 +34,8 @@ shares its core more): the default 1.15 flags that, rightly, and would blur what
 
 @pytest.fixture(scope="module")
 def job(tmp_path_factory):
-    with ftctl_up(tmp_path_factory.mktemp("three"), "--auto-rejoin-delay", "0", "--straggler-factor", str(STRAGGLER_FACTOR),
+    with ftctl_up(tmp_path_factory.mktemp("three"), "--straggler-factor", str(STRAGGLER_FACTOR),
+                  "--crash-loop-cooldown-s", str(CRASH_LOOP_COOLDOWN_S),
                   f"--trainer-arg=--quorum-timeout-s={QUORUM_TIMEOUT_S:g}", groups=3, ranks_per_group=1) as job:
         yield job
 
@@ -196,3 +202,68 @@ def test_slowness_that_rotates_from_group_to_group_is_never_flagged(job):
         time.sleep(0.1)
     assert flagged == set(), f"rotating slowness flagged group(s) {flagged}"
     assert "rotating" in patterns and "persistent" not in patterns, patterns
+
+
+def process_events(job, group: int, since: float, action: str) -> list[dict]:
+    return [e for e in job.control.events(group=group, type="process", since=since) if e["action"] == action]
+
+
+def signal_group(job, group: int, sig: int) -> float:
+    """``sig`` to every process of the group's current start, from outside its agent (an OOM
+    killer, a node's own watchdog, an operator's stray ``kill``); when it was sent."""
+    pids = wait_for(lambda: job.control.agent_status(group)["pids"], 60, f"group {group}'s processes")
+    at = time.time()
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+    return at
+
+
+def trains_again(job, group: int, since: float) -> float:
+    """When the group committed a step after ``since`` (its healed commit)."""
+    return wait_for(lambda: next((e["ts"] for e in job.control.events(group=group, type="step", since=since)
+                                  if e["committed"] and e["rank"] == 0), None), 120, f"group {group} to train again")
+
+
+@pytest.mark.parametrize("group, sig, exit_kind", [(2, signal.SIGKILL, "crashed"), (0, signal.SIGSTOP, "hung")])
+def test_a_group_killed_or_stopped_from_outside_comes_back_by_itself(job, group, sig, exit_kind):
+    """Nobody calls rejoin: the agent sees the exit (a SIGSTOP: its watchdog ends the silent
+    group) and starts the group again at once, which heals from a live peer."""
+    wait_for(lambda: all_training(job.control), 240, "all three groups training")
+    at = signal_group(job, group, sig)
+    [exited] = wait_for(lambda: process_events(job, group, at, exit_kind), 30, f"group {group} {exit_kind}")
+    [started] = wait_for(lambda: process_events(job, group, at, "started"), 30, f"group {group} started again")
+    assert f"restarted by its agent after {exit_kind}" in started["detail"], started
+    assert started["ts"] - exited["ts"] < 2.0, "the first restart is at once (the second after 1 s)"
+    trained = trains_again(job, group, started["ts"])
+    print(f"{signal.Signals(sig).name}: {exit_kind} {exited['ts'] - at:.2f} s after the signal, started again "
+          f"{started['ts'] - at:.2f} s, trained again {trained - at:.2f} s")
+    assert job.control.events(group=group, type="heal", since=started["ts"]), "it healed from a live peer"
+
+
+def test_a_group_that_keeps_going_down_is_held_as_crash_looping_then_tried_again(job):
+    """Kill it from outside as soon as it runs, again and again: the restarts back off (at once,
+    1, 2, 4 s) and the fifth unplanned exit within the window holds it down (crash-loop, an
+    event, the exits metric the alert reads) for the cool-down; then it is tried again."""
+    group = 1
+    wait_for(lambda: all_training(job.control), 240, "all three groups training")
+    began = time.time()
+    for _ in range(5):  # fewer when earlier tests left recent failures of this group
+        if process_events(job, group, began, "crash-loop"):
+            break
+        wait_for(lambda: job.control.agent_status(group)["state"] == "running", 60, f"group {group} running")
+        signal_group(job, group, signal.SIGKILL)
+        time.sleep(0.5)  # the agent sees the exit and plans the next start
+    [held] = wait_for(lambda: process_events(job, group, began, "crash-loop"), 60, "the crash-loop hold")
+    assert held["detail"].startswith("5 unplanned exits within 600 s, the last crashed"), held
+    view = groups(job.control)[group]
+    assert (view["state"], view["down_reason"]) == ("down", "crash-loop"), view
+    assert job.control.agent_status(group)["restart_at"] == pytest.approx(held["ts"] + CRASH_LOOP_COOLDOWN_S, abs=1)
+    assert metric(job.api, "ftctl_group_exits_total", group=str(group), reason="crash-loop") >= 1
+    backoffs = [float(m[1]) for e in process_events(job, group, began, "started")
+                if (m := re.search(r", after ([0-9.]+) s$", e["detail"]))]
+    assert backoffs and all(b == 2 * a for a, b in zip(backoffs, backoffs[1:])), f"the restarts back off: {backoffs}"
+    [retried] = wait_for(lambda: process_events(job, group, held["ts"], "started"), 60, "the retry after the cool-down")
+    assert retried["ts"] - held["ts"] >= CRASH_LOOP_COOLDOWN_S - 0.5
+    assert retried["detail"].endswith(f"after a crash-loop hold of {CRASH_LOOP_COOLDOWN_S:g} s"), retried
+    trains_again(job, group, retried["ts"])

@@ -165,7 +165,7 @@ def test_a_group_whose_cable_is_pulled_is_left_out_and_comes_back_once_it_is_bac
     events_dir = tmp_path / "events"
     with Owner() as owner:
         for g in range(3):
-            agent_on_host(hosts, owner, g, tmp_path, "--auto-rejoin-delay-s", "0", trainer_args=("--quorum-timeout-s", "4"))
+            agent_on_host(hosts, owner, g, tmp_path, trainer_args=("--quorum-timeout-s", "4"))
         wait_for(lambda: together(events_dir, 3), 300, "three agents' groups on three hosts committing together")
         cut_off = read_beacon(events_dir / GroupLayout(2).beacon(0))
         assert cut_off is not None
@@ -318,7 +318,7 @@ def test_an_isolate_drill_leaves_the_group_out_and_it_comes_back_once_the_networ
     ``network``), heals from a live peer and agrees with the others bitwise."""
     events_dir = tmp_path / "events"
     with Owner() as owner:
-        api = three_agents(hosts, owner, tmp_path, "--auto-rejoin-delay-s", "0", trainer_args=("--quorum-timeout-s", "60"))
+        api = three_agents(hosts, owner, tmp_path, trainer_args=("--quorum-timeout-s", "60"))
         cut_off = read_beacon(events_dir / GroupLayout(2).beacon(0))
         assert cut_off is not None
         drill = ftctl_on_host_0(hosts, api, "drill", "partition", "--isolate", "2", "--duration", "15")

@@ -22,12 +22,13 @@ from bench.common import Up  # noqa: E402
 
 SMALL = ["--seq-len=64", "--local-batch-size=1", "--fingerprint-every=5"]
 RUNS = {
-    "kill_heal_rejoined_by_drill": dict(groups=2, up={}, drill={"kind": "kill-heal", "group": 1}),
-    "kill_heal_failover_to_spare": dict(groups=2, up={"spares": 2, "auto_rejoin_delay_s": 0.0, "join_timeout_ms": 200},
+    "kill_heal_rejoined_by_drill": dict(groups=2, up={"auto_rejoin": False}, drill={"kind": "kill-heal", "group": 1}),
+    "kill_heal_failover_to_spare": dict(groups=2, up={"spares": 2, "join_timeout_ms": 200},
                                         drill={"kind": "kill-heal", "group": 1}),
-    "kill_heal_three_groups": dict(groups=3, up={}, drill={"kind": "kill-heal", "group": 0}),
-    "chaos_two_groups": dict(groups=2, up={}, drill={"kind": "chaos", "mtbf_s": 6, "duration_s": 30, "seed": 1,
-                                                     "rejoin_delay_s": 1, "baseline_s": 6}),
+    "kill_heal_three_groups": dict(groups=3, up={"auto_rejoin": False}, drill={"kind": "kill-heal", "group": 0}),
+    "chaos_two_groups": dict(groups=2, up={"auto_rejoin": False},
+                             drill={"kind": "chaos", "mtbf_s": 6, "duration_s": 30, "seed": 1,
+                                    "rejoin_delay_s": 1, "baseline_s": 6}),
 }
 
 

@@ -8,7 +8,7 @@ warm spare is still building (a build takes CPU from the training beside it). Ea
 detection (kill → a survivor's quorum changed), restart (rejoin → the group's ranks are up),
 heal (ranks up → its first committed step), rollback (survivor steps that did not commit, at
 the median step time) and the wait before the rejoin: the drill's delay, or less when the
-agents restart killed groups themselves (``ftctl up --auto-rejoin-delay``; with a warm spare
+agents restart killed groups themselves (``ftctl up``'s default; with a warm spare
 that is a fail-over within a step or two).
 """
 

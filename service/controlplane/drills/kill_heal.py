@@ -60,7 +60,7 @@ class KillHealReport(BaseModel):
     survivors_steps_lost: int | None = Field(None, description="survivor steps not committed between kill and resume")
     rejoined_at: float | None = None
     rejoined_by: Literal["drill", "agent", "control-plane", "network"] | None = Field(
-        None, description="agent: the group's agent restarted it by itself (--auto-rejoin-delay) before the drill "
+        None, description="agent: the group's agent restarted it by itself (its default) before the drill "
         "asked; control-plane: a partition drill's evicted group, rejoined once it reached everyone; network: a "
         "partition drill's isolated group, whose ranks waited through the cut")
     heal_started_at: float | None = Field(None, description="the group's heal event: state fetched and loaded")
