@@ -4,7 +4,9 @@
 
 For each group count a fresh `ftctl up` (G groups × K ranks); for each fault class and each
 victim (group 0 and the last group; the Lighthouse has no victim) the fault runs R times:
-``kill``, ``hang`` and ``lighthouse`` through the kill-heal, hang and Lighthouse drills. It prints, per
+``kill``, ``hang``, ``drain`` and ``lighthouse`` through the kill-heal, hang, drain and Lighthouse
+drills (a drain's row adds the survivors' longest step from the drain to their resume, as a
+multiple of their median step before it). It prints, per
 cell, the survivors' resume after the fault, the steps they lost and the time to
 all groups training again (median and spread), and writes every report as JSON under
 bench/results/ with the settings, core count and date.
@@ -18,12 +20,26 @@ from pathlib import Path
 
 from bench.common import REPO, Up, add_recovery_options, describe_recovery, job_parser, recovery_settings, spread, write_result
 
-FAULTS = ("kill", "hang", "lighthouse")
+FAULTS = ("kill", "hang", "drain", "lighthouse")
 
 
 def drill_body(fault: str, victim: int | None) -> dict:
     return {"kill": {"kind": "kill-heal", "group": victim}, "hang": {"kind": "hang", "group": victim},
+            "drain": {"kind": "drain", "group": victim, "reason": "bench.faults"},
             "lighthouse": {"kind": "lighthouse"}}[fault]
+
+
+def survivor_step_ratio(up: Up, report: dict) -> float | None:
+    """The survivors' longest rank-0 step from the fault to their resume, over their median step
+    in the 20 s before it."""
+    start, end = report.get("killed_at"), report.get("survivors_first_commit_at")
+    if start is None or end is None:
+        return None
+    steps = [e for g in report["survivors"] for e in up.control.events(group=g, type="step", since=start - 20, limit=1000)
+             if e["rank"] == 0 and e["committed"]]
+    before = sorted(e["step_s"] for e in steps if e["ts"] < start)
+    during = [e["step_s"] for e in steps if start <= e["ts"] <= end]
+    return max(during) / before[len(before) // 2] if before and during else None
 
 
 def as_row(fault: str, report: dict) -> dict:
@@ -59,6 +75,8 @@ def run_groups(args, groups: int) -> list[dict]:
                 up.wait_training()
                 drill = up.drill(drill_body(fault, victim), poll_s=0.3)
                 r = as_row(fault, drill["report"])
+                if fault == "drain":
+                    r["survivor_step_ratio"] = survivor_step_ratio(up, r)
                 rows.append({"groups": groups, "fault": fault, "victim": victim, "repeat": repeat,
                              "status": drill["status"], "error": drill.get("error"), "report": r})
                 print(f"{groups} groups, {fault} of {victim if victim is not None else 'the Lighthouse'} "

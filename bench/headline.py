@@ -59,6 +59,17 @@ def rows() -> list[tuple[str, str, str]]:
                 f"{sum(x['steps_lost'] for x in lh)} steps lost, "
                 f"{sum(len(x['process_exits']) for x in lh)} group processes restarted", f))
 
+    f = "faults-20261207T131139Z.json"
+    d = load(f)
+    drain, kill = ([r["report"] for r in d["runs"] if r["fault"] == fault and r["status"] == "done"]
+                   for fault in ("drain", "kill"))
+    v, k = [x["survivors_resume_s"] for x in drain], [x["survivors_resume_s"] for x in kill]
+    out.append(("Drain a group (`ftctl drain`: it commits its step and leaves) → the others commit again",
+                f"{sum(x['survivors_steps_lost'] for x in drain)} survivor steps lost over {len(drain)} drains "
+                f"({sum(x['survivors_steps_lost'] for x in kill)} over {len(kill)} kills); {st.median(v):.2f} s median "
+                f"({span(v, '.2f')} s) vs {st.median(k):.2f} s after a kill: the survivors still wait for its "
+                "heartbeat to expire", f))
+
     f = "recovery-20261207T063628Z.json"
     d = load(f)
     ft, classic = ([r["kill_to_full_s"] for r in d[path]] for path in ("torchft", "classic"))

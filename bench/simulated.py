@@ -176,13 +176,13 @@ class SimGroup:
                          daemon=True).start()
 
     def end(self, kind: str) -> None:
-        """``killed``/``evicted``: at once, nothing more from the group; ``stopped``: it says so first."""
+        """``killed``/``evicted``: at once, nothing more from the group; ``drained``: it says so first."""
         if not self.running:
             raise Conflict(f"group {self.group} is down")
         replica_id, self.replica_id = self.replica_id, None
-        self.last_exit = LastExit(kind=kind, returncode=-signal.SIGKILL if kind != "stopped" else 0, ts=time.time())
+        self.last_exit = LastExit(kind=kind, returncode=-signal.SIGKILL if kind != "drained" else 0, ts=time.time())
         self._stop.set()
-        if kind != "stopped":
+        if kind != "drained":
             self.recorder.killed(replica_id)
         self.forwarder.emit_process(kind, pid=os.getpid(), returncode=self.last_exit.returncode)
 
@@ -237,7 +237,7 @@ class SimGroup:
                 self.step, len(members), loss=1.0 / self.step, step_s=time.monotonic() - began,
                 compute_s=self.cfg.step_s, allreduce_s=waited, commit_s=0.0, quorum_id=quorum_id,
                 participating=not healed, healed=healed, batches_committed=self.step))
-        if self.last_exit is not None and self.last_exit.kind == "stopped":
+        if self.last_exit is not None and self.last_exit.kind == "drained":
             sink.emit(ExitEvent, reason="stopped", step=self.step)
         sink.close()
 
@@ -272,7 +272,7 @@ class Host:
         self._beating.set()
         for group in self.groups.values():
             if group.running:
-                group.end("stopped")
+                group.end("drained")
         for group in self.groups.values():
             group.forwarder.stop()
 
@@ -293,7 +293,7 @@ class Host:
             if action in ("start", "rejoin"):
                 sim.start()
             else:
-                sim.end({"kill": "killed", "evict": "evicted", "stop": "stopped"}[action])
+                sim.end({"kill": "killed", "evict": "evicted", "drain": "drained"}[action])
         except Conflict as err:
             if action != "rejoin":
                 raise HTTPException(409, str(err)) from None

@@ -4,7 +4,7 @@
 :data:`AgentAction`, with the bearer token, answers :class:`CommandResult`, or 409 when the
 action does not fit the group's state (kill, evict or stop of a group that is down, start of one
 that runs). ``kill`` takes an optional :class:`KillRequest` (a person's kill, or a drill's
-fault). ``evict`` is a kill whose reason is ``evicted``: the agent does not restart it by
+fault), ``drain`` an optional :class:`DrainRequest`. ``evict`` is a kill whose reason is ``evicted``: the agent does not restart it by
 itself. ``rejoin`` is the exception: it asks for a running group, so when the group already
 runs (its agent restarted it by itself) it answers with ``already_running`` set. ``POST``
 :data:`PROBE_PATH` with a :class:`ProbeRequest` answers :class:`ProbeResult`: which other groups'
@@ -26,7 +26,7 @@ STATUS_PATH = "/status"
 PROBE_PATH = "/probe"
 CUT_PATH = "/cut"
 HEALTH_PATH = "/healthz"
-AgentAction = Literal["start", "rejoin", "kill", "evict", "stop"]
+AgentAction = Literal["start", "rejoin", "kill", "evict", "drain"]
 SpareState = Literal["starting", "ready"]
 
 
@@ -76,6 +76,13 @@ class KillRequest(BaseModel):
     fault: bool = Field(False, strict=True, description="a drill's stand-in for a node loss: the group comes back by "
                         "itself as after a crash (when its agent restarts groups), and the kill is not counted "
                         "against it; otherwise a person's kill, and the group stays down until a rejoin")
+
+
+class DrainRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    reason: Annotated[str, StringConstraints(min_length=1, max_length=200)] | None = Field(
+        None, description="why the group is taken out (firmware, a dataset switch …): the drained event's detail")
 
 
 class CommandResult(BaseModel):

@@ -12,16 +12,23 @@ import itertools
 import secrets
 from typing import Annotated, Any, Literal, Union, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, model_validator
 
 INT64_MAX = 2**63 - 1
 """Every integer an event carries fits SQLite's (and Prometheus') 64-bit integers."""
-Count = Annotated[int, Field(ge=0, le=INT64_MAX)]
+def not_a_bool(value: Any) -> Any:
+    """JSON's ``true`` is not the number 1 (pydantic's lax mode takes it as one)."""
+    if isinstance(value, bool):
+        raise ValueError("a number, not a boolean")
+    return value
+
+
+Count = Annotated[int, BeforeValidator(not_a_bool), Field(ge=0, le=INT64_MAX)]
 """A step, an id, a number of things: never negative."""
 Seconds = Annotated[float, Field(ge=0)]
 """A duration (finite: no event carries NaN or infinity)."""
 
-ExitKind = Literal["killed", "crashed", "hung", "lost", "evicted", "quarantined", "stopped", "finished", "crash-loop"]
+ExitKind = Literal["killed", "crashed", "hung", "lost", "evicted", "quarantined", "drained", "finished", "crash-loop"]
 """How a group's processes ended, as its agent saw it: the reason a group is down. ``hung``:
 its agent's watchdog ended it (the event's detail says why). ``lost``: the control plane's
 verdict, not the agent's: the agent does not answer and the Lighthouse has no heartbeat from
@@ -29,7 +36,9 @@ the group (a node lost with everything on it). ``evicted``: the control plane en
 persistent straggler (``--straggler-policy evict``), or as a group on the far side of a
 partition (``service/controlplane/partition.py``). ``quarantined``: its ranks left after the
 gradient check found a persistent silent data corruption in them (``trainer/gradient_check.py``); like an evicted
-group it is not restarted by itself, its warm spare takes its place. ``crash-loop``: no exit of its
+group it is not restarted by itself, its warm spare takes its place. ``drained``: taken
+out on purpose (``ftctl drain``, a SIGTERM to its agent or container): it finished its step in
+flight, committed it and left; it stays down until a rejoin. ``crash-loop``: no exit of its
 own but its agent's hold after one: the group went down by itself too often lately
 (``service/agent/restarts.py``) and stays down for a cool-down before it is tried again."""
 Verdict = Literal["transient", "persistent", "data"]

@@ -44,6 +44,10 @@ class GroupCommand(ApiFlags):
     group: CliPositionalArg[int] = Field(description="the replica group")
 
 
+class DrainCommand(GroupCommand):
+    reason: str | None = Field(None, min_length=1, max_length=200, description="why (shown in its drained event)")
+
+
 class EventsCommand(ApiFlags):
     follow: bool = Field(False, validation_alias=AliasChoices("f", "follow"), description="stream new events")
     group: int | None = Field(None, ge=0, description="only this group's events")
@@ -78,6 +82,8 @@ class Ftctl(BaseSettings):
     status: CliSubCommand[StatusCommand] = Field(description="quorum and groups, once")
     kill: CliSubCommand[GroupCommand] = Field(description="SIGKILL a replica group's processes")
     rejoin: CliSubCommand[GroupCommand] = Field(description="start a down group again; it heals from a peer")
+    drain: CliSubCommand[DrainCommand] = Field(description="take a group out for maintenance: it commits its step, "
+                                               "leaves, and stays down until rejoined")
     drill: CliSubCommand[DrillCommand] = Field(description="run a drill and print its report")
     events: CliSubCommand[EventsCommand] = Field(description="print events; --follow streams new ones")
     ledger: CliSubCommand[LedgerCommand] = Field(description="goodput under failures at scale "
@@ -167,7 +173,10 @@ def cmd_status(cmd: StatusCommand) -> int:
 
 def cmd_group_action(cmd: GroupCommand, action: str) -> int:
     with cmd.control_plane() as control:
-        result = getattr(control, action)(cmd.group)
+        if isinstance(cmd, DrainCommand):
+            result = control.drain(cmd.group, cmd.reason)
+        else:
+            result = getattr(control, action)(cmd.group)
     state = result["group_state"]
     console.print(f"group {cmd.group}: {action} done; now {state['state']}"
                   + (f" ({state['down_reason']})" if state.get("down_reason") else ""))
@@ -251,7 +260,7 @@ def run(cli: Ftctl) -> int:
             return cmd_up(cmd)
         case "status":
             return cmd_status(cmd)
-        case "kill" | "rejoin":
+        case "kill" | "rejoin" | "drain":
             return cmd_group_action(cmd, name)
         case "drill":
             return cmd_drill(cmd)

@@ -152,6 +152,10 @@ class ControlPlane:
     def evict(self, group: int) -> dict:
         return self._call("POST", api.GROUP_EVICT, group=group)
 
+    def drain(self, group: int, reason: str | None = None) -> dict:
+        """Take the group out: it commits its step, leaves, and stays down until a rejoin."""
+        return self._call("POST", api.GROUP_DRAIN, group=group, json={"reason": reason})
+
     def agents(self) -> dict:
         return self._call("GET", api.AGENTS)
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
+import sqlite3
 import sys
 import time
 from dataclasses import dataclass, field
@@ -27,6 +29,14 @@ def read_events(events_dir: Path, group: int | None = None) -> list[dict]:
             if line.strip():
                 events.append(json.loads(line))
     return events
+
+
+def stored(db: Path, type_: str) -> list[dict]:
+    """The control plane's events of one type, from its SQLite file (when its API cannot be
+    reached: another namespace, or the job has ended)."""
+    with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10)) as conn:
+        return [json.loads(body) for (body,) in conn.execute("SELECT body FROM events WHERE type = ? ORDER BY id",
+                                                            [type_])]
 
 
 def wait_for(predicate: Callable[[], object], timeout_s: float, what: str, poll_s: float = 0.2,

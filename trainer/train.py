@@ -367,6 +367,9 @@ class RankTrainer:
         return "done"
 
     def close(self, reason: str, error: str | None = None) -> None:
+        """Leave the quorum first (a drained group's heartbeats end with its last commit: the
+        Lighthouse lets the others' next quorum go without it sooner), then finish the rest."""
+        self.leave_quorum()
         if self.r.checkpointer:
             self._report_saved(self.r.checkpointer.close(finish=reason != "error"))
         self.sink.emit(ExitEvent, reason=reason, step=self.r.manager.current_step(), error=error,
@@ -374,7 +377,6 @@ class RankTrainer:
         self.sink.close()
         self.r.beacon.close()
         self.r.hooks.close()
-        self.leave_quorum()
         dist.destroy_process_group()
 
     def leave_quorum(self) -> None:

@@ -9,7 +9,7 @@ from fastapi.concurrency import run_in_threadpool
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from protocol.agent import (CUT_PATH, HEALTH_PATH, PROBE_PATH, STATUS_PATH, AgentAction, AgentStatus, CommandResult,
-                            CutRequest, CutState, KillRequest, ProbeRequest, ProbeResult, command_path)
+                            CutRequest, CutState, DrainRequest, KillRequest, ProbeRequest, ProbeResult, command_path)
 from protocol.health import Served
 from protocol.injection import INJECT_PATH, InjectRequest, InjectResult
 from service.agent.agent import Agent
@@ -79,10 +79,12 @@ async def evict(agent: AgentDep) -> CommandResult:
     return await _run(agent, "evict", agent.supervisor.evict)
 
 
-@commands.post(command_path("stop"), response_model=CommandResult, responses={409: {}})
-async def stop(agent: AgentDep) -> CommandResult:
-    """Stop the group gracefully (409 if it is down)."""
-    return await _run(agent, "stop", agent.supervisor.stop)
+@commands.post(command_path("drain"), response_model=CommandResult, responses={409: {}})
+async def drain(agent: AgentDep, body: DrainRequest | None = None) -> CommandResult:
+    """Take the group out on purpose: it finishes and commits its step, leaves, and stays down
+    until a rejoin (409 if it is down)."""
+    reason = body.reason if body is not None else None
+    return await _run(agent, "drain", lambda: agent.supervisor.drain(reason))
 
 
 @commands.post(INJECT_PATH, response_model=InjectResult, responses={409: {}})

@@ -169,7 +169,7 @@ class GroupSupervisor:
         return Outcome([proc.pid], event)
 
     def _watch(self, proc: "GroupProcess") -> None:
-        """Report exits nobody asked for; kill() and stop() report their own, before returning,
+        """Report exits nobody asked for; kill() and drain() report their own, before returning,
         so a command that follows them (a rejoin) is always ordered after the exit."""
         code = proc.wait()
         with self._lock:
@@ -281,21 +281,23 @@ class GroupSupervisor:
         wait_gone(pids, REAPED_S)
         return Outcome(pids, self._exited(proc, kind, detail, fault))
 
-    def stop(self) -> Outcome:
-        """Stop the group gracefully: the ranks finish their step and exit."""
+    def drain(self, reason: str | None = None) -> Outcome:
+        """Take the group out on purpose: its ranks finish the step in flight, commit it, stop
+        heartbeating and exit (SIGTERM, then SIGKILL after the stop timeout); it stays down
+        (``drained``) until a rejoin."""
         with self._lock:
             if not self.running:
                 raise StateConflict(f"group {self.group} is not running")
-            self._intent = "stopped"
+            self._intent = "drained"
             proc = self.proc
         self.command.stop(proc)
-        return Outcome([proc.pid], self._exited(proc, "stopped"))
+        return Outcome([proc.pid], self._exited(proc, "drained", reason))
 
     def shutdown(self) -> None:
         self._shutdown.set()
         if self.spare:
             self.spare.stop()
         try:
-            self.stop()
+            self.drain("its agent was stopped")
         except StateConflict:
             pass

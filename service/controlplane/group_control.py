@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from typing import Callable
 
-from protocol.agent import CommandResult, KillRequest
+from protocol.agent import CommandResult, DrainRequest, KillRequest
 from protocol.events import Event
 from protocol.injection import InjectRequest, InjectResult
 from service.controlplane.agents import AgentClient
@@ -87,6 +87,12 @@ class GroupControl:
         self.board.require_up(group)
         self._check_holder(drill_id)
         return self._command(await self.agents.command(group, "kill", KillRequest(fault=drill_id is not None)))
+
+    async def drain(self, group: int, reason: str | None = None, drill_id: int | None = None) -> CommandResult:
+        """Take the group out on purpose: it commits its step and leaves; down (drained) until a rejoin."""
+        self.board.require_up(group)
+        self._check_holder(drill_id)
+        return self._command(await self.agents.command(group, "drain", DrainRequest(reason=reason)))
 
     async def evict(self, group: int, drill_id: int | None = None, replace_by_spare: bool = True) -> Eviction:
         """End the group for good (down, ``evicted``: its agent will not restart it by itself); when

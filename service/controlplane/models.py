@@ -127,7 +127,7 @@ class EventPage(BaseModel):
 
 class CommandOut(BaseModel):
     group: int
-    action: Literal["kill", "rejoin", "evict"]
+    action: Literal["kill", "rejoin", "evict", "drain"]
     group_state: GroupOut
     agent: CommandResult
     replaced_by_spare: bool | None = Field(None, description="evict: the group's warm spare was promoted at once")

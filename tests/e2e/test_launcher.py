@@ -9,7 +9,7 @@ import signal
 import subprocess
 import sys
 
-from cluster import REPO, wait_for
+from cluster import REPO, stored, wait_for
 from processes import Owner
 from protocol.torchrun import free_port
 from service.proctree import process_tree, wait_gone
@@ -71,3 +71,6 @@ def test_ctrl_c_stops_everything(tmp_path):
         assert job.proc.wait(120) == 0, job.log.read_text()[-3000:]
         assert not wait_gone(everything, 10), "processes left behind after Ctrl-C"
         assert "no process left behind" in job.log.read_text()
+    drained = [e for e in stored(job.state / "control.db", "process") if e["action"] == "drained"]
+    assert sorted((e["group"], e["detail"]) for e in drained) == [(g, "its agent was stopped") for g in (0, 1)], \
+        "a SIGTERM to an agent drains its group"

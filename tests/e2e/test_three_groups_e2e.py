@@ -241,6 +241,42 @@ def test_a_group_killed_or_stopped_from_outside_comes_back_by_itself(job, group,
     assert job.control.events(group=group, type="heal", since=started["ts"]), "it healed from a live peer"
 
 
+def test_a_drained_group_commits_its_step_leaves_and_stays_down_until_rejoined(job):
+    """``ftctl drain``: the group finishes and commits its step and leaves; no survivor step
+    fails its commit; nothing brings it back by itself (not its agent); a rejoin does."""
+    group, survivors = 0, (1, 2)
+    wait_for(lambda: all_training(job.control), 240, "all three groups training")
+    at = time.time()
+    result = ftctl(job.state, "drain", str(group), "--reason", "firmware update")
+    assert result.returncode == 0 and f"group {group}: drain done; now down (drained)" in result.stdout, result
+    [drained] = process_events(job, group, at, "drained")
+    assert drained["detail"] == "firmware update" and drained["returncode"] == 0, drained
+    step = {g: groups(job.control)[g]["step"] for g in survivors}
+    wait_for(lambda: all(groups(job.control)[g]["step"] >= step[g] + 10 for g in survivors), 60, "the survivors' steps")
+    steps = [e for g in survivors for e in job.control.events(group=g, type="step", since=at, limit=1000)
+             if e["rank"] == 0]
+    assert [e for e in steps if not e["committed"]] == [], "a survivor step failed its commit during the drain"
+    times = sorted(e["step_s"] for e in steps)
+    print(f"drain: survivors' steps after it: median {times[len(times) // 2]:.2f} s, longest {times[-1]:.2f} s")
+    assert process_events(job, group, at, "started") == [], "a drained group came back by itself"
+    view = groups(job.control)[group]
+    assert (view["state"], view["down_reason"], view["down_detail"]) == ("down", "drained", "firmware update"), view
+    job.control.rejoin(group)
+    [started] = wait_for(lambda: process_events(job, group, at, "started"), 30, "the rejoin")
+    trains_again(job, group, started["ts"])
+
+
+def test_the_drain_drill_loses_no_survivor_step_and_ends_in_equal_state(job):
+    wait_for(lambda: all_training(job.control), 240, "all three groups training")
+    drill = json_out(ftctl(job.state, "drill", "drain", "--group", "2", "--reason", "kernel upgrade", "--json"))
+    assert drill["status"] == "done" and drill["fingerprints_equal"] is True, drill
+    r = drill["report"]
+    assert (r["reason"], r["rejoined_by"], r["survivors"], r["survivors_steps_lost"]) == (
+        "kernel upgrade", "drill", [0, 1], 0), r
+    assert r["killed_at"] < r["drained_at"] <= r["survivors_first_commit_at"] < r["rejoined_at"] < r["healed_commit_at"]
+    assert_recovery_adds_up(r)
+
+
 def test_a_group_that_keeps_going_down_is_held_as_crash_looping_then_tried_again(job):
     """Kill it from outside as soon as it runs, again and again: the restarts back off (at once,
     1, 2, 4 s) and the fifth unplanned exit within the window holds it down (crash-loop, an

@@ -3,10 +3,8 @@ real addresses and interfaces, as on a first multi-host job."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import socket
-import sqlite3
 import subprocess
 import sys
 import time
@@ -16,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from cluster import REPO, committed_steps, read_events, wait_for
+from cluster import REPO, committed_steps, read_events, stored, wait_for
 from netns import NamespaceHosts, skip_unless_available
 from processes import Owner
 from protocol.layout import GroupLayout
@@ -220,14 +218,6 @@ def fetched_on(hosts: Hosts, i: int, url: str) -> str:
                          capture_output=True, text=True, timeout=60)
     assert got.returncode == 0, got.stderr
     return got.stdout
-
-
-def stored(db: Path, type_: str) -> list[dict]:
-    """The control plane's events of one type, from its SQLite file (this test's namespace cannot
-    reach its API)."""
-    with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10)) as conn:
-        return [json.loads(body) for (body,) in conn.execute("SELECT body FROM events WHERE type = ? ORDER BY id",
-                                                            [type_])]
 
 
 def ftctl_on_host_0(hosts: Hosts, api: str, *args: str) -> dict:

@@ -120,7 +120,7 @@ def test_known_label_values_are_there_at_zero_before_anything_happens(tmp_path):
         m = scrape(api)
         families = list(text_string_to_metric_families(api.get("/metrics").text))
     for g in ("0", "1"):
-        for reason in ("killed", "crashed", "stopped", "finished"):
+        for reason in ("killed", "crashed", "drained", "finished"):
             assert m[("ftctl_group_exits_total", (("group", g), ("reason", reason)))] == 0
         for name in ("ftctl_commits_total", "ftctl_commit_failures_total", "ftctl_heals_total",
                      "ftctl_group_starts_total", "ftctl_events_dropped_total"):

@@ -3,7 +3,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from protocol import api
-from protocol.agent import AgentStatus
+from protocol.agent import AgentStatus, DrainRequest
 from service.controlplane.deps import GroupDep, ServicesDep
 from service.controlplane.presenters import group_out
 from service.controlplane.models import CommandOut, GroupOut
@@ -45,6 +45,14 @@ async def evict_group(view: GroupDep, s: ServicesDep) -> CommandOut:
     eviction = await s.control.evict(view.group)
     return CommandOut(group=view.group, action="evict", group_state=group_out(view), agent=eviction.agent,
                       replaced_by_spare=eviction.replaced_by_spare)
+
+
+@mutating.post(api.GROUP_DRAIN, response_model=CommandOut, responses={404: {}, 409: {}, 502: {}, 503: {}})
+async def drain_group(view: GroupDep, s: ServicesDep, body: DrainRequest | None = None) -> CommandOut:
+    """Take the group out for maintenance: it finishes and commits the step in flight, leaves the
+    quorum, and stays down (drained) until a rejoin; its agent does not bring it back by itself."""
+    agent = await s.control.drain(view.group, body.reason if body is not None else None)
+    return CommandOut(group=view.group, action="drain", group_state=group_out(view), agent=agent)
 
 
 @mutating.post(api.GROUP_REJOIN, response_model=CommandOut, responses={404: {}, 409: {}, 502: {}, 503: {}})

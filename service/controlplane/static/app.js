@@ -41,8 +41,9 @@ let dense = false;
 function newCard(group) {
   const card = document.createElement("article");
   card.innerHTML = `<h3><span>group ${group}</span><span class="badge straggler" hidden></span><span class="badge sdc" hidden></span><span class="state"></span></h3><div class="step"></div>
-    <div class="meta"></div><div class="why" hidden></div><div class="actions"><button class="kill">Kill</button><button class="ghost rejoin">Rejoin</button></div>`;
+    <div class="meta"></div><div class="why" hidden></div><div class="actions"><button class="kill">Kill</button><button class="ghost drain" title="finish and commit the step, leave, stay down until rejoined">Drain</button><button class="ghost rejoin">Rejoin</button></div>`;
   card.querySelector(".kill").addEventListener("click", () => command(Number(card.dataset.group), "kill"));
+  card.querySelector(".drain").addEventListener("click", () => command(Number(card.dataset.group), "drain"));
   card.querySelector(".rejoin").addEventListener("click", () => command(Number(card.dataset.group), "rejoin"));
   return card;
 }
@@ -124,6 +125,7 @@ function fillCard(card, g) {
   why.hidden = !g.down_detail;
   why.textContent = g.down_detail ?? "";
   card.querySelector(".kill").disabled = g.state === "down";
+  card.querySelector(".drain").disabled = g.state === "down";
   card.querySelector(".rejoin").disabled = g.state !== "down";
 }
 
