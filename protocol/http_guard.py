@@ -4,6 +4,9 @@ An ASGI middleware that answers before any route or body parser runs:
 
 - a ``Host`` header this service does not answer to gets 421: a web page that rebinds its own
   DNS name to 127.0.0.1 reaches the port, but its requests still carry its own name;
+- a method a path does not take (TRACE, PATCH, OPTIONS, a DELETE where there is none) gets 405
+  with an ``Allow`` header naming every method the path takes, before the token is asked for: the
+  answer is the same with or without one;
 - a request that may change something (any method but GET, HEAD and OPTIONS) without an
   accepted bearer token gets 401 or 403 before a byte of its body is read;
 - a body larger than ``max_body_bytes`` gets 413, by its Content-Length or, chunked, as it is
@@ -15,6 +18,7 @@ An ASGI middleware that answers before any route or body parser runs:
 from __future__ import annotations
 
 import json
+import re
 from typing import Collection
 
 from fastapi import FastAPI, Request
@@ -47,6 +51,7 @@ class RequestGuard:
         self.accepted = accepted
         self.allowed_hosts = frozenset(h.lower() for h in allowed_hosts) | LOOPBACK_NAMES
         self.max_body_bytes = max_body_bytes
+        self.methods = MethodTable()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):
@@ -55,6 +60,9 @@ class RequestGuard:
         headers = Headers(scope=scope)
         websocket = scope["type"] == "websocket"
         refused, extra = self._host_refusal(headers), None
+        if refused is None and not websocket and (allow := self.methods.allowed(scope)) is not None:
+            refused = 405, f"{scope['method']} is not a method of {scope['path']}; it takes {', '.join(allow)}"
+            extra = {"allow": ", ".join(allow)}
         if refused is None and (websocket or scope["method"] not in SAFE_METHODS):
             refused = refusal(bearer(headers.get("authorization")), self.accepted(scope["path"]))
             extra = {"www-authenticate": "Bearer"}
@@ -94,6 +102,35 @@ class RequestGuard:
             chunks.append(chunk)
             if not message.get("more_body", False):
                 return b"".join(chunks)
+
+
+class MethodTable:
+    """Which methods each documented path takes, from the app's OpenAPI document (built at the
+    first request): a request whose method its path does not take is answered 405 with every
+    method in ``Allow``. Starlette's own 405 names only the first route that has the path, where
+    a path's reads and its commands are two routers; and it comes after the token is asked for."""
+
+    def __init__(self) -> None:
+        self._paths: list[tuple[re.Pattern, list[str]]] | None = None
+
+    def allowed(self, scope: Scope) -> list[str] | None:
+        """The methods the request's path takes, when its method is not one of them (None: it
+        is, or the path is not in the document). A literal path is tried before a template that
+        also matches it (``/drills/kinds`` before ``/drills/{drill_id}``)."""
+        if self._paths is None:
+            openapi = getattr(scope.get("app"), "openapi", None)
+            self._paths = [] if openapi is None else [
+                (re.compile("^" + re.sub(r"\\{[^/]+?\\}", "[^/]+", re.escape(path)) + "$"),
+                 sorted(m.upper() for m in ops if m.upper() in HTTP_METHODS))
+                for path, ops in sorted(openapi()["paths"].items(), key=lambda item: item[0].count("{"))]
+        path, method = scope["path"], scope["method"]
+        for pattern, methods in self._paths:
+            if pattern.match(path):
+                return None if method in methods else methods
+        return None
+
+
+HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE"})
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:

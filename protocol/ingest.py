@@ -21,6 +21,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from protocol import api
+from protocol.events import Count
 
 Transport = Literal["stream", "post"]
 
@@ -49,7 +50,7 @@ class IngestBatch(BaseModel):
     """The events of the group the path names (:func:`ingest_path`): every event must be of it."""
 
     events: list[dict[str, Any]] = Field(max_length=MAX_BATCH_EVENTS, description="events, oldest first")
-    dropped: int = Field(0, ge=0, description="events the agent dropped so far: its buffer was full")
+    dropped: Count = Field(0, description="events the agent dropped so far: its buffer was full")
 
 
 class IngestResult(BaseModel):

@@ -165,6 +165,31 @@ def test_a_foreign_host_name_is_refused_before_anything_else(api):
     assert api.get("/api/v1/groups", headers={"Host": "127.0.0.1:8000"}).status_code == 200
 
 
+def test_a_method_a_path_does_not_take_is_405_naming_every_one_it_does_with_or_without_the_token(api):
+    """A path's reads and its commands are two routers: its ``Allow`` names both, and the answer
+    comes before the token is asked for (a wrong method is not an authentication problem)."""
+    for method, path, allow in [("TRACE", "/api/v1/groups", "GET"), ("PATCH", "/api/v1/groups/0", "GET"),
+                                ("OPTIONS", "/api/v1/drills", "GET, POST"),
+                                ("OPTIONS", "/api/v1/drills/3", "DELETE, GET"),
+                                ("DELETE", "/api/v1/groups/0/kill", "POST"), ("POST", "/api/v1/drills/kinds", "GET")]:
+        for headers in ({}, AUTH):
+            response = api.request(method, path, headers=headers)
+            assert (response.status_code, response.headers.get("allow")) == (405, allow), (method, path, response.text)
+            assert response.json()["detail"] == f"{method} is not a method of {path}; it takes {allow}"
+    assert api.request("DELETE", "/api/v1/drills/3").status_code == 401, "a method the path takes still needs the token"
+
+
+def test_a_boolean_is_never_taken_for_a_number(api):
+    """Pydantic's lax mode reads ``false`` as 0: a registration would have stored 0 ranks."""
+    agents = api.get("/api/v1/agents").json()["agents"]
+    for method, path, body in [("put", "/api/v1/agents/0", {"url": "http://127.0.0.1:9", "ranks_per_group": False}),
+                               ("post", "/api/v1/ingest/0", {"events": [], "dropped": False}),
+                               ("post", "/api/v1/drills", {"kind": "kill-heal", "group": True})]:
+        response = api.request(method, path, json=body, headers=AUTH)
+        assert response.status_code == 422 and "a number, not a boolean" in response.json()["detail"], response.text
+    assert api.get("/api/v1/agents").json()["agents"] == agents and api.get("/api/v1/drills").json()["drills"] == []
+
+
 def test_a_body_over_the_limit_is_refused(db):
     with TestClient(create_app(settings(db, max_body_bytes=4096)), base_url="http://127.0.0.1") as api:
         big = {"events": [step(0, T0 + i, i) for i in range(40)]}

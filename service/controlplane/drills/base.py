@@ -12,11 +12,11 @@ import asyncio
 from abc import ABC, abstractmethod
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import AsyncIterator, Callable, ClassVar
+from typing import Any, AsyncIterator, Callable, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from protocol.events import Event
+from protocol.events import Event, not_a_bool
 from service.controlplane.bus import StoredEvent
 from service.controlplane.drills.context import DrillContext, DrillServices
 from service.controlplane.drills.rows import Row
@@ -28,10 +28,21 @@ MAX_ID = 1_000_000
 
 
 class DrillBody(BaseModel):
-    """Every drill's request: no unknown field, no number that is not finite. ``kind`` names the
+    """Every drill's request: no unknown field, no number that is not finite, no boolean taken for
+    a number (``true`` is not group 1). ``kind`` names the
     drill; ``timeout_s`` (where a kind has it) bounds each phase."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_bool_for_a_number(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for name, value in data.items():
+                field = cls.model_fields.get(name)
+                if field is not None and field.annotation is not bool:
+                    not_a_bool(value)
+        return data
 
     @property
     def groups(self) -> list[int]:
