@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Callable
 
-from fastapi import APIRouter, Depends, Request, Response
+from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -12,6 +12,7 @@ from protocol.agent import (CUT_PATH, HEALTH_PATH, PROBE_PATH, STATUS_PATH, Agen
                             CutRequest, CutState, DrainRequest, KillRequest, ProbeRequest, ProbeResult, command_path)
 from protocol.health import Served
 from protocol.injection import INJECT_PATH, InjectRequest, InjectResult
+from protocol.registration import CHALLENGE_PATH, NONCE_PATTERN, ChallengeAnswer, registration_proof
 from service.agent.agent import Agent
 from service.agent.probe import probe as probe_peers
 from service.agent.supervisor import Outcome, StateConflict
@@ -34,6 +35,15 @@ def get_status(agent: AgentDep) -> AgentStatus:
 @router.get("/metrics", include_in_schema=False)
 def metrics(request: Request) -> Response:
     return Response(generate_latest(request.app.state.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get(CHALLENGE_PATH, response_model=ChallengeAnswer)
+def challenge(agent: AgentDep, nonce: Annotated[str, Query(pattern=NONCE_PATTERN)]) -> ChallengeAnswer:
+    """Prove to the control plane that the agent at this address holds its group's token, without
+    sending it: an HMAC of the nonce and of this agent's own address (``protocol/registration.py``)."""
+    settings = agent.settings
+    url = settings.api_url()
+    return ChallengeAnswer(url=url, proof=registration_proof(settings.token, settings.group, url, nonce))
 
 
 @router.get(HEALTH_PATH, response_model=Served)

@@ -49,7 +49,7 @@ def build_services(settings: ControlPlaneSettings) -> Services:
     board = GroupBoard(store, [*range(settings.groups), *registered])
     bus = EventBus(settings.listener_capacity)
     metrics = JobMetrics(board.views)
-    registry = AgentRegistry(store, board, metrics)
+    registry = AgentRegistry(store, board, metrics, settings.token)
     tracker = StragglerTracker(settings.straggler_window, settings.straggler_factor, settings.straggler_policy,
                                flagged=next((g for g, v in board.views.items() if v.straggler), None))
     agents = AgentClient(registry.urls, settings.token, settings.agent_timeout_s)

@@ -50,6 +50,13 @@ class AgentConflict(DomainError):
     status = 409
 
 
+class UnprovenAgent(DomainError):
+    """A registration's address did not prove it holds the group's token (it did not answer the
+    challenge, or answered for another address or token): the group keeps its agent."""
+
+    status = 403
+
+
 class NothingMeasured(DomainError):
     """No drill has measured what a projection needs yet."""
 

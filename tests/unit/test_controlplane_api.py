@@ -6,11 +6,16 @@ import asyncio
 import json
 import math
 import os
+import socket
 import sqlite3
+import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import pytest
+import uvicorn
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -18,6 +23,8 @@ from bench.events import start_fields, step_fields
 from protocol.events import parse_event
 from protocol.registration import agent_path
 from protocol.tokens import group_token
+from cluster import wait_for
+from service.agent.app import create_app as agent_app
 from service.agent.config import AgentSettings
 from protocol.ingest import IngestBatch
 from service.controlplane.app import build_services, create_app
@@ -36,14 +43,32 @@ def settings(db: Path, **overrides) -> ControlPlaneSettings:
                                 lighthouse_api=f"http://127.0.0.1:{free_port()}", **overrides)
 
 
-def register_nowhere(api: TestClient, groups=(0, 1)) -> str:
-    """Agents of ``groups`` registered at an address nothing answers, each with its group's token."""
-    nowhere = f"http://127.0.0.1:{free_port()}"
+def registered_nowhere(db: Path, groups=(0, 1)) -> str:
+    """Agents of ``groups`` that registered earlier at an address nothing answers now (in the
+    control plane's file, as a restarted control plane finds them): commands to them fail."""
+    nowhere, store = f"http://127.0.0.1:{free_port()}", Store(db)
     for g in groups:
-        answer = api.put(agent_path(g), json={"url": nowhere, "ranks_per_group": 2},
-                         headers={"Authorization": f"Bearer {group_token(TOKEN, g)}"})
-        assert answer.status_code == 200, answer.text
+        store.register_agent(g, nowhere, 2, time.time())
+    store.close()
     return nowhere
+
+
+@contextmanager
+def real_agent(state_dir: Path, group: int) -> Iterator[str]:
+    """Group ``group``'s own agent, without starting the group: it answers the registration
+    challenge with its group's token. Yields its address."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    agent = AgentSettings(group=group, groups=group + 1, job_token=TOKEN, port=listener.getsockname()[1],
+                          state_dir=state_dir / f"agent{group}", autostart=False, zygote=False, watchdog=False)
+    server = uvicorn.Server(uvicorn.Config(agent_app(agent), log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [listener]}, daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: server.started, 30, f"group {group}'s agent")
+        yield agent.api_url()
+    finally:
+        server.should_exit = True
+        thread.join(30)
 
 
 @pytest.fixture
@@ -53,8 +78,8 @@ def db(tmp_path) -> Path:
 
 @pytest.fixture
 def api(db):
+    registered_nowhere(db)
     with TestClient(create_app(settings(db)), base_url="http://127.0.0.1") as client:
-        register_nowhere(client)
         yield client
 
 
@@ -190,6 +215,27 @@ def test_a_boolean_is_never_taken_for_a_number(api):
     assert api.get("/api/v1/agents").json()["agents"] == agents and api.get("/api/v1/drills").json()["drills"] == []
 
 
+def test_a_new_address_counts_only_once_the_agent_there_proves_it_holds_the_groups_token(api, tmp_path):
+    """A mistyped or hostile registration cannot take a group's commands away: the address must
+    answer the challenge with a proof made with the group's token and for that very address."""
+    def register(group: int, url: str):
+        return api.put(agent_path(group), json={"url": url},
+                       headers={"Authorization": f"Bearer {group_token(TOKEN, group)}"})
+
+    before = api.get("/api/v1/agents").json()["agents"]
+    nobody = register(0, "http://127.0.0.1:9")
+    assert nobody.status_code == 403 and "no agent answered group 0's registration challenge" in nobody.json()["detail"]
+    with real_agent(tmp_path, 1) as url:
+        impostor = register(0, url)  # a real agent, but group 1's: its proof is made with group 1's token
+        assert impostor.status_code == 403, impostor.text
+        assert impostor.json()["detail"] == f"the agent at {url} did not prove it holds group 0's token; its " \
+                                            "registration is refused and the group keeps its agent"
+        assert api.get("/api/v1/agents").json()["agents"] == before
+        assert register(1, url).status_code == 200, "group 1's own agent proves it"
+    assert register(1, url).status_code == 200, "renewing at the same address asks nothing (its agent is gone now)"
+    assert [a["url"] for a in api.get("/api/v1/agents").json()["agents"]] == [before[0]["url"], url]
+
+
 def test_a_body_over_the_limit_is_refused(db):
     with TestClient(create_app(settings(db, max_body_bytes=4096)), base_url="http://127.0.0.1") as api:
         big = {"events": [step(0, T0 + i, i) for i in range(40)]}
@@ -244,11 +290,14 @@ def test_unknown_group_is_404(api):
     assert api.get("/api/v1/drills/99").status_code == 404
 
 
-def test_a_group_joins_the_job_by_registering_or_posting_events_up_to_max_groups(api):
+def test_a_group_joins_the_job_by_registering_or_posting_events_up_to_max_groups(api, tmp_path):
     """Nothing lists the groups in advance: a new group number joins with its agent's first word."""
     assert api.post("/api/v1/ingest/7", json={"events": []}, headers=AUTH).json()["agent_registered"] is False
     assert api.get("/api/v1/groups/7").json()["state"] == "unknown"
-    register_nowhere(api, groups=[9])
+    with real_agent(tmp_path, 9) as url:
+        registered = api.put(agent_path(9), json={"url": url, "ranks_per_group": 1},
+                             headers={"Authorization": f"Bearer {group_token(TOKEN, 9)}"})
+        assert registered.status_code == 200, registered.text
     assert [g["group"] for g in api.get("/api/v1/groups").json()] == [0, 1, 7, 9]
     assert {a["group"] for a in api.get("/api/v1/agents").json()["agents"]} == {0, 1, 9}
     assert api.post("/api/v1/ingest/9", json={"events": []}, headers=AUTH).json()["agent_registered"] is True

@@ -18,8 +18,10 @@ def list_agents(s: ServicesDep) -> AgentList:
     return AgentList(agents=s.registry.listed())
 
 
-@mutating.put(api.AGENT, response_model=RegisteredAgent, responses={409: {}, 422: {}, 503: {}})
+@mutating.put(api.AGENT, response_model=RegisteredAgent, responses={403: {}, 409: {}, 422: {}, 503: {}})
 def register_agent(group: AdmittedGroupDep, body: AgentRegistration, s: ServicesDep) -> RegisteredAgent:
-    """An agent says where its API is, with its group's token (or the job's). A group number not
-    seen before adds the group to the job, up to ``--max-groups``."""
+    """An agent says where its API is, with its group's token (or the job's). An address the group
+    does not have yet counts once the agent there answered the challenge (403 otherwise, the group
+    keeping its agent). A group number not seen before adds the group to the job, up to
+    ``--max-groups``."""
     return s.registry.register(group, body)
