@@ -16,6 +16,8 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter,
 
 INT64_MAX = 2**63 - 1
 """Every integer an event carries fits SQLite's (and Prometheus') 64-bit integers."""
+
+
 def not_a_bool(value: Any) -> Any:
     """JSON's ``true`` is not the number 1 (pydantic's lax mode takes it as one)."""
     if isinstance(value, bool):
@@ -23,8 +25,10 @@ def not_a_bool(value: Any) -> Any:
     return value
 
 
-Count = Annotated[int, BeforeValidator(not_a_bool), Field(ge=0, le=INT64_MAX)]
-"""A step, an id, a number of things: never negative."""
+Count = Annotated[int, Field(ge=0, le=INT64_MAX), BeforeValidator(not_a_bool)]
+"""A step, an id, a number of things: never negative. The bounds come before the validator: so
+the OpenAPI document states them as JSON Schema's minimum and maximum (after it, pydantic can
+only write them as unknown keys, and a client that fuzzes the document sends numbers past them)."""
 Seconds = Annotated[float, Field(ge=0)]
 """A duration (finite: no event carries NaN or infinity)."""
 
