@@ -59,8 +59,7 @@ from protocol.agent import HEALTH_PATH, STATUS_PATH, AgentStatus
 from protocol.events import ProcessEvent, QuorumEvent, StartEvent, StepEvent
 from protocol.health import Served
 from protocol.ingest import IngestResult, StreamAnswer, ingest_path, ingest_stream_path
-from protocol.registration import (CHALLENGE_PATH, AgentRegistration, ChallengeAnswer, agent_path,
-                                   registration_proof)
+from protocol.registration import CHALLENGE_PATH, AgentRegistration, ChallengeAnswer, agent_path
 from protocol.tokens import group_token
 from protocol.torchrun import free_port
 
@@ -194,8 +193,7 @@ def create_app(load: Load) -> FastAPI:
     @app.get("/g/{group}" + CHALLENGE_PATH, response_model=ChallengeAnswer)
     async def challenge(group: int, nonce: str) -> ChallengeAnswer:
         """As an agent proves its registration (``protocol/registration.py``)."""
-        url = f"{load.url}/g/{group}"
-        return ChallengeAnswer(url=url, proof=registration_proof(group_token(load.job_token, group), group, url, nonce))
+        return ChallengeAnswer.of(group_token(load.job_token, group), group, f"{load.url}/g/{group}", nonce)
 
     @app.get("/stats", response_model=LoadStats)
     async def stats(reset: bool = False) -> LoadStats:

@@ -51,7 +51,7 @@ from protocol.agent import (HEALTH_PATH, PROBE_PATH, STATUS_PATH, AgentAction, A
 from protocol.auth import require_token
 from protocol.events import ExitEvent, HealEvent, QuorumEvent, StartEvent, StepEvent
 from protocol.health import Served
-from protocol.registration import CHALLENGE_PATH, AgentRegistration, ChallengeAnswer, registration_proof
+from protocol.registration import CHALLENGE_PATH, AgentRegistration, ChallengeAnswer
 from protocol.replicas import group_of, replica_name
 from protocol.tokens import group_token, strong_token
 from protocol.torchrun import free_port
@@ -330,9 +330,8 @@ def create_app(host: Host) -> FastAPI:
     def challenge(group: int, nonce: str) -> ChallengeAnswer:
         """As an agent proves its registration (``protocol/registration.py``)."""
         host.group(group)
-        url = f"{host.cfg.url}{GROUP_PREFIX.format(group=group)}"
-        return ChallengeAnswer(url=url, proof=registration_proof(group_token(host.cfg.job_token, group), group, url,
-                                                                 nonce))
+        return ChallengeAnswer.of(group_token(host.cfg.job_token, group), group,
+                                  f"{host.cfg.url}{GROUP_PREFIX.format(group=group)}", nonce)
 
     def command(action: AgentAction):
         def run(group: int) -> CommandResult:

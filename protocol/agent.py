@@ -2,11 +2,12 @@
 
 ``GET`` :data:`STATUS_PATH` answers :class:`AgentStatus`; ``POST /{action}`` for each
 :data:`AgentAction`, with the bearer token, answers :class:`CommandResult`, or 409 when the
-action does not fit the group's state (kill, evict or stop of a group that is down, start of one
-that runs). ``kill`` takes an optional :class:`KillRequest` (a person's kill, or a drill's
-fault), ``drain`` an optional :class:`DrainRequest`. ``evict`` is a kill whose reason is ``evicted``: the agent does not restart it by
-itself. ``rejoin`` is the exception: it asks for a running group, so when the group already
-runs (its agent restarted it by itself) it answers with ``already_running`` set. ``POST``
+action does not fit the group's state (kill, evict or drain of a group that is down, start of
+one that runs). ``kill`` takes an optional :class:`KillRequest` (a person's kill, or a drill's
+fault), ``drain`` an optional :class:`DrainRequest`. ``evict`` is a kill whose reason is
+``evicted``: the agent does not restart it by itself. ``rejoin`` is the exception: it asks for
+a running group, so when the group already runs (its agent restarted it by itself) it answers
+with ``already_running`` set. ``POST``
 :data:`PROBE_PATH` with a :class:`ProbeRequest` answers :class:`ProbeResult`: which other groups'
 agents this agent's host reaches (``service/controlplane/partition.py``). ``POST``
 :data:`CUT_PATH` with a :class:`CutRequest` cuts this agent's host off from other hosts for a
@@ -78,11 +79,14 @@ class KillRequest(BaseModel):
                         "against it; otherwise a person's kill, and the group stays down until a rejoin")
 
 
+DrainReason = Annotated[str, StringConstraints(min_length=1, max_length=200)]
+"""Why a group is taken out (firmware, a dataset switch …): its drained event's detail."""
+
+
 class DrainRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    reason: Annotated[str, StringConstraints(min_length=1, max_length=200)] | None = Field(
-        None, description="why the group is taken out (firmware, a dataset switch …): the drained event's detail")
+    reason: DrainReason | None = Field(None, description="why the group is taken out: the drained event's detail")
 
 
 class CommandResult(BaseModel):

@@ -52,6 +52,11 @@ class ChallengeAnswer(BaseModel):
     url: str = Field(description="the agent's own address, the one it registers")
     proof: str = Field(pattern="^[0-9a-f]{64}$", description="registration_proof(its group's token, group, url, nonce)")
 
+    @classmethod
+    def of(cls, token: str, group: int, url: str, nonce: str) -> "ChallengeAnswer":
+        """What the agent of ``group`` at ``url``, holding ``token``, answers to ``nonce``."""
+        return cls(url=url, proof=registration_proof(token, group, url, nonce))
+
 
 def agent_path(group: int) -> str:
     """Where group ``group``'s agent registers: its own path, so its token is checked before the body is read."""

@@ -15,6 +15,7 @@ from rich.live import Live
 from rich.markup import escape
 from rich.text import Text
 
+from protocol.agent import DrainReason
 from protocol.settings import fail, parse_settings
 from protocol.tokens import new_token, token_problem
 from service.client import CONNECTION_FILE, ApiError, ApiFlags, Connection, ControlPlane
@@ -45,7 +46,7 @@ class GroupCommand(ApiFlags):
 
 
 class DrainCommand(GroupCommand):
-    reason: str | None = Field(None, min_length=1, max_length=200, description="why (shown in its drained event)")
+    reason: DrainReason | None = Field(None, description="why (shown in its drained event)")
 
 
 class EventsCommand(ApiFlags):

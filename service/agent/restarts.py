@@ -5,7 +5,7 @@ processes crashed, hung (the watchdog ended them) or were killed from outside co
 without anyone typing ``ftctl rejoin``: its warm spare if one is ready, else a fresh start
 (``GroupSupervisor.start``). What a person decided is kept: a ``kill``, ``evict`` or drain
 from the control plane, a quarantine (its warm spare replaces it, never its suspect ranks), a
-finished or stopped group stay down. A drill's kill stands for a node loss: it comes back at
+finished group stay down. A drill's kill stands for a node loss: it comes back at
 once, and is not held against the group.
 
 A group that fails again and again must not restart in a tight loop that burns its node and

@@ -12,7 +12,7 @@ from protocol.agent import (CUT_PATH, HEALTH_PATH, PROBE_PATH, STATUS_PATH, Agen
                             CutRequest, CutState, DrainRequest, KillRequest, ProbeRequest, ProbeResult, command_path)
 from protocol.health import Served
 from protocol.injection import INJECT_PATH, InjectRequest, InjectResult
-from protocol.registration import CHALLENGE_PATH, NONCE_PATTERN, ChallengeAnswer, registration_proof
+from protocol.registration import CHALLENGE_PATH, NONCE_PATTERN, ChallengeAnswer
 from service.agent.agent import Agent
 from service.agent.probe import probe as probe_peers
 from service.agent.supervisor import Outcome, StateConflict
@@ -42,8 +42,7 @@ def challenge(agent: AgentDep, nonce: Annotated[str, Query(pattern=NONCE_PATTERN
     """Prove to the control plane that the agent at this address holds its group's token, without
     sending it: an HMAC of the nonce and of this agent's own address (``protocol/registration.py``)."""
     settings = agent.settings
-    url = settings.api_url()
-    return ChallengeAnswer(url=url, proof=registration_proof(settings.token, settings.group, url, nonce))
+    return ChallengeAnswer.of(settings.token, settings.group, settings.api_url(), nonce)
 
 
 @router.get(HEALTH_PATH, response_model=Served)

@@ -14,19 +14,17 @@ from typing import Literal
 
 from pydantic import Field
 
+from protocol.agent import DrainReason
 from service.controlplane.drills.base import DrillBody, GroupField, TimeoutField
 from service.controlplane.drills.kill_heal import KillHeal, KillHealReport
 from service.controlplane.drills.rows import Row, secs
-
-Reason = Field(None, min_length=1, max_length=200, description="why the group is taken out (its drained event's detail)")
-
 
 class DrainIn(DrillBody):
     """Drain one group (it commits its step and leaves), rejoin it, wait for its heal, compare fingerprints."""
 
     kind: Literal["drain"]
     group: int = GroupField
-    reason: str | None = Reason
+    reason: DrainReason | None = Field(None, description="why the group is taken out (its drained event's detail)")
     timeout_s: float | None = TimeoutField
 
 
