@@ -21,7 +21,7 @@ from typing import Annotated, Literal
 
 from pydantic import AnyHttpUrl, BaseModel, ConfigDict, Field, StringConstraints
 
-from protocol.events import ExitKind, ProcessEvent
+from protocol.events import ExitKind, Flag, ProcessEvent
 
 STATUS_PATH = "/status"
 PROBE_PATH = "/probe"
@@ -74,7 +74,7 @@ class AgentStatus(BaseModel):
 class KillRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    fault: bool = Field(False, strict=True, description="a drill's stand-in for a node loss: the group comes back by "
+    fault: Flag = Field(False, description="a drill's stand-in for a node loss: the group comes back by "
                         "itself as after a crash (when its agent restarts groups), and the kill is not counted "
                         "against it; otherwise a person's kill, and the group stays down until a rejoin")
 
@@ -122,6 +122,6 @@ class CutRequest(BaseModel):
 
     hosts: list[Host] = Field(max_length=100_000, description="hosts (names or addresses) this group's host must stop "
                               "reaching: each gets a blackhole route")
-    job_services: bool = Field(False, description="the Lighthouse's and the control plane's hosts too, as this agent "
+    job_services: Flag = Field(False, description="the Lighthouse's and the control plane's hosts too, as this agent "
                                "reaches them: the host cut off from the whole job (an isolated node)")
     seconds: float = Field(gt=0, le=3600, description="the agent removes the routes by itself after this")

@@ -16,6 +16,10 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter,
 
 INT64_MAX = 2**63 - 1
 """Every integer an event carries fits SQLite's (and Prometheus') 64-bit integers."""
+JSON_INT_MAX = 2**53 - 1
+"""The largest integer a JSON number (an IEEE double) holds exactly: a bound stated in the OpenAPI
+document above it reads differently in a client's validator (2^63 - 1 rounds up to 2^63, so a
+client takes 2^63 + 191 for a valid count) than in this server's."""
 
 
 def not_a_bool(value: Any) -> Any:
@@ -25,10 +29,14 @@ def not_a_bool(value: Any) -> Any:
     return value
 
 
-Count = Annotated[int, Field(ge=0, le=INT64_MAX), BeforeValidator(not_a_bool)]
+Count = Annotated[int, Field(ge=0, le=JSON_INT_MAX), BeforeValidator(not_a_bool)]
 """A step, an id, a number of things: never negative. The bounds come before the validator: so
 the OpenAPI document states them as JSON Schema's minimum and maximum (after it, pydantic can
 only write them as unknown keys, and a client that fuzzes the document sends numbers past them)."""
+QuorumId = Annotated[int, Field(ge=-1, le=JSON_INT_MAX), BeforeValidator(not_a_bool)]
+"""The Lighthouse's id of a quorum (-1: before the first)."""
+Flag = Annotated[bool, Field(strict=True)]
+"""Yes or no: JSON's ``true`` or ``false`` only (pydantic's lax mode takes 0, 1 and "yes" too)."""
 Seconds = Annotated[float, Field(ge=0)]
 """A duration (finite: no event carries NaN or infinity)."""
 
@@ -128,7 +136,7 @@ class StartEvent(BaseEvent):
     manager_s: Seconds = Field(description="torchft Manager and replicate process group")
     resumed_step: Count = Field(description="step loaded from a checkpoint, 0 when none")
     spare_wait_s: Seconds = Field(0.0, description="time spent built and waiting as a warm spare")
-    forked: bool = Field(False, description="forked by the agent's zygote, which had imported everything and "
+    forked: Flag = Field(False, description="forked by the agent's zygote, which had imported everything and "
                          "read the corpus before: the split starts at the fork")
 
 
@@ -137,14 +145,14 @@ class StepEvent(BaseEvent):
 
     type: Literal["step"] = "step"
     step: Count = Field(description="manager step after this step (the step count committed)")
-    committed: bool
+    committed: Flag
     data_step: Count = Field(description="the data position the step trained: its global batch is the samples "
                              "[data_step × global_batch, (data_step + 1) × global_batch) of the job's order")
     global_batch: Count = Field(description="samples in the step's global batch (--global-batch-size)")
     step_samples: Count = Field(description="samples of the global batch the step trained over every group: all of "
                                 "it with --batch-policy constant, the participants' shares with shrink; 0 when the "
                                 "optimizer did not step")
-    consumed: bool = Field(description="the step used up its global batch: trained it, or the gradient check blamed "
+    consumed: Flag = Field(description="the step used up its global batch: trained it, or the gradient check blamed "
                            "the batch itself; false when the same batch is trained again next step")
     sample_start: Count = Field(description="the first global sample this group trained at the step")
     samples: Count = Field(description="how many samples (from sample_start) this group trained: 0 when it did "
@@ -158,10 +166,10 @@ class StepEvent(BaseEvent):
     allreduce_s: Seconds = Field(description="waiting on the cross-group collectives: the gradient all-reduce and "
                                "the gradient check's exchange of norms")
     commit_s: Seconds = Field(description="should_commit: agreeing inside and across groups")
-    quorum_id: int
+    quorum_id: QuorumId
     participants: Count
-    participating: bool
-    healed: bool = Field(description="this step loaded state fetched from a peer")
+    participating: Flag
+    healed: Flag = Field(description="this step loaded state fetched from a peer")
     batches_committed: Count = Field(description="torchft's count of replica-batches committed")
     grad_norm: float | None = Field(
         None, description="this group's own gradient norm before it crossed groups (the gradient check; null "
@@ -174,7 +182,7 @@ class StepEvent(BaseEvent):
     shard_update_norm: float | None = Field(
         None, description="norm of this rank's shard of the parameter update the step applied; set while a drill "
         "watches the group")
-    skipped: bool = Field(False, description="committed without an optimizer step: a gradient failed the check")
+    skipped: Flag = Field(False, description="committed without an optimizer step: a gradient failed the check")
     rerun_s: Seconds = Field(0.0, description="a failed gradient check's reruns (in compute_s too; the norms' "
                            "exchanges are in allreduce_s)")
     checkpoint_stall_s: Seconds = Field(0.0, description="before this step, how long the rank waited for a "
@@ -185,8 +193,8 @@ class QuorumEvent(BaseEvent):
     """The quorum this rank trains in changed."""
 
     type: Literal["quorum"] = "quorum"
-    quorum_id: int
-    previous_quorum_id: int
+    quorum_id: QuorumId
+    previous_quorum_id: QuorumId
     step: Count
     participants: Count
 
@@ -220,7 +228,7 @@ class HealEvent(BaseEvent):
 class CommitFailedEvent(BaseEvent):
     type: Literal["commit_failed"] = "commit_failed"
     step: Count
-    quorum_id: int
+    quorum_id: QuorumId
     error: str | None = None
 
 
@@ -313,9 +321,9 @@ class TorchftLogEvent(BaseEvent):
 
     type: Literal["torchft"] = "torchft"
     logger: str
-    quorum_id: int | None = None
-    step: int | None = None
-    commit_result: bool | None = None
+    quorum_id: QuorumId | None = None
+    step: Count | None = None
+    commit_result: Flag | None = None
     replica_id: str | None = None
     error: str | None = None
 

@@ -22,9 +22,11 @@ import re
 from typing import Collection
 
 from fastapi import FastAPI, Request
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.datastructures import Headers
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from protocol.tokens import Accepted, bearer, refusal
@@ -171,6 +173,17 @@ async def _refuse_handshake(scope: Scope, send: Send, status: int, detail: str,
         await send({"type": "websocket.close", "code": 1008, "reason": detail[:120]})
 
 
+async def unreadable_body_as_422(request: Request, err: StarletteHTTPException) -> Response:
+    """FastAPI answers a body it cannot even decode (not UTF-8) with an undocumented 400 ("There
+    was an error parsing the body"), and one that is text but not JSON with a 422: one answer,
+    the documented one-line 422, for both. Every other HTTP error goes out as FastAPI sends it."""
+    if err.status_code == 400 and isinstance(err.__cause__, UnicodeDecodeError):
+        msg = "not JSON: the body is not even UTF-8 text"
+        return JSONResponse(status_code=422, content={"detail": f"body: {msg}", "errors": [
+            {"type": "json_invalid", "loc": ["body"], "msg": msg}]})
+    return await http_exception_handler(request, err)
+
+
 async def one_line_422(request: Request, err: RequestValidationError) -> JSONResponse:
     """What is wrong, in one line, and each error's place and message. The input is not echoed:
     it may be a NaN, which JSON cannot carry, or a secret."""
@@ -217,6 +230,7 @@ def guard(app: FastAPI, accepted: Accepted, allowed_hosts: Collection[str], max_
     both in the app's OpenAPI document."""
     app.add_middleware(RequestGuard, accepted=accepted, allowed_hosts=allowed_hosts, max_body_bytes=max_body_bytes)
     app.add_exception_handler(RequestValidationError, one_line_422)
+    app.add_exception_handler(StarletteHTTPException, unreadable_body_as_422)
     generate = app.openapi
 
     def openapi() -> dict:

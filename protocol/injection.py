@@ -20,6 +20,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from protocol.events import Flag
 from protocol.files import read_model
 
 INJECT_PATH = "/inject"
@@ -42,7 +43,7 @@ class InjectRequest(BaseModel):
                        "`offset` modulo `every` (default: every step)")
     offset: int = Field(0, ge=0, le=9_999, description="slow: which of the `every` steps (below `every`)")
     scale: float = Field(1e4, ge=-1e30, le=1e30, description="corrupt: the factor the gradient element is multiplied by")
-    persistent: bool = Field(False, description="corrupt: every step (for `seconds`), not once")
+    persistent: Flag = Field(False, description="corrupt: every step (for `seconds`), not once")
 
     @model_validator(mode="after")
     def _offset_below_every(self) -> "InjectRequest":

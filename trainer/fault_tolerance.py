@@ -153,7 +153,7 @@ def membership_quorum_id(lighthouse_quorum_id: int, replica_ids: list[str], form
     members of the old one's quorum 2 (measured, one restart in four). The step the quorum
     formed at (:class:`QuorumFormation`) tells the two apart."""
     text = f"{lighthouse_quorum_id}|{'|'.join(sorted(replica_ids))}|{formed_at_step}"
-    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big") >> 2
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big") >> 11  # JSON-exact: < 2^53
 
 
 class QuorumFormation:

@@ -9,7 +9,7 @@ from fastapi import Depends, Path, Request
 from starlette.requests import HTTPConnection
 from prometheus_client import CollectorRegistry
 
-from protocol.events import INT64_MAX
+from protocol.events import JSON_INT_MAX
 from protocol.tokens import bearer, token_accepted
 from service.controlplane.agents import AgentClient
 from service.controlplane.bus import EventBus
@@ -81,7 +81,7 @@ def _group_from_path(group: int, s: ServicesDep) -> GroupView:
 GroupDep = Annotated[GroupView, Depends(_group_from_path)]
 
 
-GroupPath = Annotated[int, Path(ge=0, le=INT64_MAX)]
+GroupPath = Annotated[int, Path(ge=0, le=JSON_INT_MAX)]
 
 
 def admissible(s: Services, group: int) -> int:

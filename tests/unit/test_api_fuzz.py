@@ -17,6 +17,7 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 
+from api_checks import no_unhandled_error
 from cluster import REPO, wait_for
 from processes import Owner
 from protocol.torchrun import free_port
@@ -83,14 +84,6 @@ REGISTER = "PUT /api/v1/agents/{group}"
 ENDLESS = "GET /api/v1/events/stream"
 """An endless stream: each call would run until its timeout (tests/test_service_e2e.py reads it)."""
 OPERATIONS = _operations()
-
-
-@schemathesis.check
-def no_unhandled_error(ctx, response, case) -> None:
-    """A 500 is a bug. A 502 or 503 is the documented answer while an agent or the Lighthouse is
-    away (here they always are); the document check holds them to it."""
-    if response.status_code == 500:
-        raise AssertionError(f"500 from {case.method} {case.formatted_path}: {response.text[:300]}")
 
 
 def _fuzz(operation, base_url: str, examples: int, headers: dict[str, str]) -> None:

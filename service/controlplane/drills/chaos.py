@@ -22,7 +22,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from protocol.events import Event, StepEvent, speaks_for_group
+from protocol.events import JSON_INT_MAX, Event, StepEvent, speaks_for_group
 from service.controlplane.drills.base import Drill, DrillBody, Prepared
 from service.controlplane.drills.context import DrillServices
 from service.controlplane.drills.rows import Row
@@ -43,7 +43,7 @@ class ChaosIn(DrillBody):
     kind: Literal["chaos"]
     mtbf_s: float = Field(gt=0, le=86_400, description="mean seconds between kills")
     duration_s: float = Field(gt=0, le=86_400, description="length of the chaos window")
-    seed: int = Field(0, ge=0, le=2**63 - 1, description="random seed (same seed, same kills)")
+    seed: int = Field(0, ge=0, le=JSON_INT_MAX, description="random seed (same seed, same kills)")
     rejoin_delay_s: float = Field(5.0, ge=0, le=3600, description="a killed group is rejoined after this")
     baseline_s: float = Field(20.0, gt=0, le=3600, description="failure-free measurement before the chaos")
 

@@ -20,7 +20,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 from rich.text import Text
 
-from protocol.events import Event, FingerprintEvent, HealEvent, ProcessEvent, SdcEvent, StepEvent, Verdict
+from protocol.events import Event, FingerprintEvent, Flag, HealEvent, ProcessEvent, SdcEvent, StepEvent, Verdict
 from protocol.injection import InjectRequest
 from service.controlplane.drills.base import (
     MAX_ID,
@@ -48,7 +48,7 @@ class CorruptIn(DrillBody):
     kind: Literal["corrupt"]
     group: int = GroupField
     scale: float = Field(1e4, ge=-1e30, le=1e30, description="the factor the element is multiplied by")
-    persistent: bool = Field(False, description="every step, as a bad chip would (default: once)")
+    persistent: Flag = Field(False, description="every step, as a bad chip would (default: once)")
     rank: int = Field(0, ge=0, le=MAX_ID, description="the rank whose gradient is corrupted")
     baseline_s: float = Field(5.0, gt=0, le=3600, description="normal steps watched before")
     after_steps: int = Field(5, ge=1, le=1000, description="steps watched after the corrupted one")

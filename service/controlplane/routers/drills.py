@@ -5,7 +5,7 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Response
 
 from protocol import api
-from protocol.events import INT64_MAX
+from protocol.events import JSON_INT_MAX
 from service.controlplane.deps import ServicesDep, find_group
 from service.controlplane.drills import DRILLS, DrillIn, DrillKindOut, DrillList, DrillOut, drill_out, kind_out
 from service.controlplane.errors import UnknownDrill
@@ -35,7 +35,7 @@ def drill_kinds() -> list[DrillKindOut]:
     return [kind_out(d) for d in DRILLS.values()]
 
 
-DrillId = Annotated[int, Path(ge=1, le=INT64_MAX)]
+DrillId = Annotated[int, Path(ge=1, le=JSON_INT_MAX)]
 
 
 def _drill(s: ServicesDep, drill_id: int) -> dict:

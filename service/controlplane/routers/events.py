@@ -9,7 +9,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import ValidationError
 
 from protocol import api
-from protocol.events import INT64_MAX, EventType
+from protocol.events import JSON_INT_MAX, EventType
 from protocol.ingest import IngestBatch, IngestResult, StreamAnswer, Transport
 from service.controlplane.deps import (
     AdmittedGroupDep,
@@ -29,7 +29,7 @@ ingest_router = APIRouter(tags=["agents"])
 stream_router = APIRouter()
 
 
-GroupQuery = Annotated[int | None, Query(ge=0, le=INT64_MAX, description="only this group's events")]
+GroupQuery = Annotated[int | None, Query(ge=0, le=JSON_INT_MAX, description="only this group's events")]
 TypesQuery = Annotated[list[EventType] | None, Query(description="only events of these types")]
 
 
@@ -37,7 +37,7 @@ TypesQuery = Annotated[list[EventType] | None, Query(description="only events of
 def list_events(
     s: ServicesDep, authorized: AuthorizedDep, group: GroupQuery = None, type: TypesQuery = None,
     since: float | None = Query(None, allow_inf_nan=False, description="Unix time: events at or after it"),
-    after_id: int = Query(0, ge=0, le=INT64_MAX, description="page after this event id"),
+    after_id: int = Query(0, ge=0, le=JSON_INT_MAX, description="page after this event id"),
     limit: int = Query(100, ge=1, le=1000),
 ) -> EventPage:
     """Stored events, oldest first, filtered by group, type and time; paginated by id. A start
