@@ -85,6 +85,14 @@ def lighthouse_endpoint(address: str) -> tuple[str, int]:
     return parts.hostname, parts.port
 
 
+def status_url(address: str) -> str:
+    """The URL of torchft's own status page of the Lighthouse at ``address`` (as
+    :func:`lighthouse_endpoint` takes it)."""
+    host, port = lighthouse_endpoint(address)
+    scheme = urlsplit(address).scheme if "://" in address else "http"
+    return f"{scheme}://{host}:{port}{STATUS_PATH}"
+
+
 def lighthouse_unreachable(address: str, timeout_s: float) -> str | None:
     """Why torchft's Lighthouse at ``host:port`` (or ``http://host:port``) takes no connection, or
     None when it does. Raises ValueError for an address that is neither."""

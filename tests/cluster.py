@@ -95,6 +95,37 @@ def committed_steps(events: list[dict], group: int, rank: int = 0, since: float 
             and e["committed"] and e["ts"] >= since]
 
 
+def lighthouse_on_host(net, i: int, owner) -> str:
+    """A torchft Lighthouse on namespace host ``i`` of ``net`` (``tests/netns.py``), tuned as
+    ``ftctl up`` tunes it, tagged by ``owner`` (``tests/processes.py``); its URL once it answers."""
+    from protocol import defaults
+
+    port = defaults.LIGHTHOUSE_PORT
+    exe = str(Path(sys.executable).with_name("torchft_lighthouse"))
+    subprocess.Popen([*net.run(i), exe, "--bind", f"{net.address(i)}:{port}", "--min_replicas", "1",
+                      "--join_timeout_ms", str(defaults.JOIN_TIMEOUT_MS), "--quorum_tick_ms",
+                      str(defaults.QUORUM_TICK_MS), "--heartbeat_timeout_ms", str(defaults.HEARTBEAT_TIMEOUT_MS)],
+                     env={**owner.env(), "RUST_LOG": "warn"}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                     start_new_session=True)
+    other = (i + 1) % net.count
+    wait_for(lambda: subprocess.run([*net.run(other), "bash", "-c", f"exec 3<>/dev/tcp/{net.address(i)}/{port}"],
+                                    capture_output=True).returncode == 0, 30, f"the Lighthouse on host {i}")
+    return f"http://{net.address(i)}:{port}"
+
+
+def together(events_dir: Path, n: int, since: float = 0.0, members=(0, 1, 2)) -> bool:
+    """Every one of ``members`` committed ``n`` steps with exactly them since ``since``."""
+    events = read_events(events_dir)
+    return all(len([e for e in committed_steps(events, g, since=since) if e["participants"] == len(members)]) >= n
+               for g in members)
+
+
+def resumed_s(events_dir: Path, since: float, survivors=(0, 1)) -> float:
+    """From ``since`` to the first step the ``survivors`` committed without the others."""
+    return min(e["ts"] for g in survivors for e in committed_steps(read_events(events_dir), g, since=since)
+               if e["participants"] == len(survivors)) - since
+
+
 def kill_together(groups: list[TrainerGroup]) -> float:
     """SIGKILL every process of every group in one sweep (a whole-job loss); returns the time."""
     when = time.time()

@@ -68,6 +68,9 @@ class TrainerConfig(BaseSettings, JobSettings):
         "min-replicas groups train, the rest wait as spares",
     )
     timeout_s: float = Field(10.0, gt=0, description="collectives, should_commit and heal transfers")
+    collective_watch: bool = Field(True, description="end a cross-group collective as soon as a peer of the step's "
+                                   "quorum is shown lost (its host takes no connection, or the Lighthouse stopped "
+                                   "hearing it), instead of after --timeout-s; a slow peer is never ended")
     quorum_timeout_s: float = Field(120.0, gt=0, description="waiting for a quorum: a Lighthouse away this "
                                     "long stops the group (exit reason lighthouse-away); its agent starts it "
                                     "again once the Lighthouse answers")

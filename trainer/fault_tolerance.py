@@ -8,10 +8,12 @@ whatever the current quorum says.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import socket
 import time
+from contextlib import nullcontext
 from datetime import timedelta
 from typing import Any, Callable
 
@@ -24,9 +26,10 @@ from torchft import Manager, ProcessGroupGloo, ProcessGroupNCCL
 from torchft.manager import REPLICA_ID_KEY, WorldSizeMode
 from torchft.process_group import ManagedProcessGroup, ProcessGroup
 
-from protocol.lighthouse import lighthouse_unreachable
+from protocol.lighthouse import lighthouse_unreachable, status_url
 from protocol.replicas import replica_name
 from trainer.advertise import advertised_host
+from trainer.collective_watch import CollectiveWatch
 from trainer.config import TrainerConfig
 from trainer.errors import ConfigError
 from trainer.heal_peers import LighthousePeers
@@ -60,6 +63,12 @@ class ManagerInternals:
         """The Lighthouse's id of the quorum the current step trains in (-1 before the first)."""
         client = self.manager._client
         return client.lighthouse_quorum_id if isinstance(client, MembershipQuorumClient) else self.manager._quorum_id
+
+    @property
+    def quorum_members(self) -> list[str]:
+        """The replica ids of the current quorum's members (empty before the first)."""
+        client = self.manager._client
+        return client.replica_ids if isinstance(client, MembershipQuorumClient) else []
 
     def quorum_answered_at(self) -> float:
         """Unix time the last quorum answered this rank's Manager."""
@@ -187,6 +196,7 @@ class MembershipQuorumClient:
         self.client = client
         self.on_answer = on_answer
         self.lighthouse_quorum_id = -1
+        self.replica_ids: list[str] = []
         self.answered_at = 0.0
         self.formation = QuorumFormation()
 
@@ -195,7 +205,7 @@ class MembershipQuorumClient:
         self.answered_at = time.time()
         self.on_answer(quorum, kwargs["step"])
         self.lighthouse_quorum_id = quorum.quorum_id
-        ids = list(quorum.replica_ids)
+        ids = self.replica_ids = list(quorum.replica_ids)
         formed_at = self.formation.see(quorum.quorum_id, ids, kwargs["step"], quorum.max_step)
         return _MembershipQuorum(quorum, membership_quorum_id(quorum.quorum_id, ids, formed_at))
 
@@ -240,10 +250,11 @@ class FailFastManager(Manager):
             self._checkpoint_transport.send_checkpoint([], quorum.max_step, self._manager_state_dict(), self._timeout)
 
     def report_error(self, e: Exception) -> None:
-        first = self.errored() is None
-        super().report_error(e)
-        if not first:
+        """The step's first error is kept (torchft keeps the last): the cause, such as a lost
+        peer, not the broken connections that follow it."""
+        if self.errored() is not None:
             return
+        super().report_error(e)
         if isinstance(self.replicate_pg, AbortableProcessGroupGloo):
             self.replicate_pg.end_connections()
         else:
@@ -279,6 +290,16 @@ def build_manager(cfg: TrainerConfig, group_rank: int, load_state_dict: Callable
     return manager, transport, peers
 
 
+def watch_collectives(cfg: TrainerConfig, manager: FailFastManager) -> CollectiveWatch | None:
+    """``--collective-watch``: the step's cross-group collectives end as soon as a peer of its
+    quorum is shown lost (``trainer/collective_watch.py``), not after ``--timeout-s``."""
+    if not cfg.collective_watch:
+        return None
+    internals = ManagerInternals(manager)
+    return CollectiveWatch(status_url(cfg.lighthouse), members=lambda: internals.quorum_members,
+                           self_id=functools.cache(internals.replica_id), abort=manager.report_error)
+
+
 class ReplicateAllReduce:
     """FSDP all-reduce hook over the fault-tolerant replicate group; times the waiting, and
     tells the beacon the rank is waiting on other groups (which is never this group's hang).
@@ -297,10 +318,12 @@ class ReplicateAllReduce:
     corruption lands, as a bad chip's would."""
 
     def __init__(self, manager: Manager, beacon: ProgressBeacon, defer: bool = False,
-                 tamper: Callable[[torch.Tensor], object] = lambda gradient: None):
+                 tamper: Callable[[torch.Tensor], object] = lambda gradient: None,
+                 watch: CollectiveWatch | None = None):
         self.group = ManagedProcessGroup(manager)
         self.group.register("dp_replicate")
         self.beacon = beacon
+        self.watch = watch
         self.defer = defer
         self.tamper = tamper
         self.model: nn.Module | None = None
@@ -334,8 +357,9 @@ class ReplicateAllReduce:
             self.shard_gradients(self.model)
         works = self.works if not self.defer else [self._start(gradient) for gradient in self.pending]
         self.beacon.enter("allreduce")
-        for work in works:
-            work.wait()
+        with self.watch.waiting() if self.watch else nullcontext():
+            for work in works:
+                work.wait()
         self.beacon.enter("compute")
         self.works = []
         self.seconds += time.perf_counter() - start

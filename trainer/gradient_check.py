@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
 
@@ -34,6 +34,7 @@ from torch.distributed import ReduceOp
 from torchft import Manager
 
 from protocol.events import Verdict
+from trainer.collective_watch import CollectiveWatch
 from trainer.telemetry import ProgressBeacon
 
 DEFAULT_FACTOR = 10.0
@@ -157,12 +158,13 @@ class GradientCheck:
     """The cross-group norm check of one rank; see the module's docstring."""
 
     def __init__(self, manager: Manager, group: int, device: torch.device, beacon: ProgressBeacon,
-                 factor: float = DEFAULT_FACTOR):
+                 factor: float = DEFAULT_FACTOR, watch: CollectiveWatch | None = None):
         self.manager = manager
         self.group = group
         self.device = device
         self.beacon = beacon
         self.factor = factor
+        self.watch = watch
         self._wait_s = 0.0
 
     @contextmanager
@@ -181,7 +183,9 @@ class GradientCheck:
         """SUM-all-reduce across the participating groups (a group not participating sends zeros)."""
         tensor = torch.tensor(values, dtype=torch.float64, device=self.device)
         with self._waiting():
-            self.manager.allreduce(tensor, reduce_op=ReduceOp.SUM).wait()
+            work = self.manager.allreduce(tensor, reduce_op=ReduceOp.SUM)  # waits for the step's quorum
+            with self.watch.waiting() if self.watch else nullcontext():
+                work.wait()
         return None if self.manager.errored() else tensor.tolist()
 
     def _result(self, start: float, passed: bool, incidents: list[Incident] | None) -> CheckResult:

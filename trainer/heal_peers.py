@@ -14,11 +14,10 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from concurrent.futures import TimeoutError as FuturesTimeout
 from datetime import timedelta
-from urllib.parse import urlsplit
 
 from torchft._torchft import ManagerClient
 
-from protocol.lighthouse import STATUS_PATH, lighthouse_endpoint
+from protocol.lighthouse import status_url
 from protocol.lighthouse_status import parse_status
 
 LOOKUP_TIMEOUT = timedelta(seconds=2)
@@ -27,9 +26,7 @@ LOOKUP_TIMEOUT = timedelta(seconds=2)
 
 class LighthousePeers:
     def __init__(self, lighthouse: str, group_rank: int, timeout: timedelta = LOOKUP_TIMEOUT):
-        host, port = lighthouse_endpoint(lighthouse)
-        scheme = urlsplit(lighthouse).scheme if "://" in lighthouse else "http"
-        self.status_url = f"{scheme}://{host}:{port}{STATUS_PATH}"
+        self.status_url = status_url(lighthouse)
         self.group_rank = group_rank
         self.timeout = timeout
         self.groups: dict[str, int | None] = {}

@@ -27,6 +27,7 @@ from protocol.spare import readiness_file
 from trainer.advertise import use_advertised_interface
 from trainer.builder import Training, build_training, init_device, parallel_dims
 from trainer.checkpoint import Checkpointer, Found, step_of
+from trainer.collective_watch import CollectiveWatch
 from trainer.config import TrainerConfig
 from trainer.fault_tolerance import (
     FailFastManager,
@@ -34,6 +35,7 @@ from trainer.fault_tolerance import (
     ReplicateAllReduce,
     build_manager,
     check_lighthouse_reachable,
+    watch_collectives,
 )
 from trainer.gradient_check import GradientCheck
 from trainer.heal_peers import LighthousePeers
@@ -79,6 +81,7 @@ class Rank:
     internals: ManagerInternals
     replicate: ReplicateAllReduce
     check: GradientCheck | None
+    watch: CollectiveWatch | None
     ft_optimizer: Any
     beacon: ProgressBeacon
     hooks: DrillHooks
@@ -213,12 +216,13 @@ def build_rank(cfg: TrainerConfig, process_start: float, stop, forked: bool = Fa
     manager, transport, peers = build_manager(cfg, rank, load_live, training.live.state_dict)
     manager.load_state_dict(counters.restored)
     counters.manager = manager
-    replicate = ReplicateAllReduce(manager, beacon, defer=cfg.sdc_check, tamper=hooks.corrupt)
+    watch = watch_collectives(cfg, manager)
+    replicate = ReplicateAllReduce(manager, beacon, defer=cfg.sdc_check, tamper=hooks.corrupt, watch=watch)
     replicate.install(training.model)
-    check = GradientCheck(manager, cfg.group, device, beacon, cfg.sdc_factor) if cfg.sdc_check else None
+    check = GradientCheck(manager, cfg.group, device, beacon, cfg.sdc_factor, watch) if cfg.sdc_check else None
     built = Rank(
         cfg=cfg, rank=rank, ranks=ranks, training=training, sink=sink, checkpointer=checkpointer, manager=manager,
-        transport=transport, peers=peers, internals=ManagerInternals(manager), replicate=replicate, check=check,
+        transport=transport, peers=peers, internals=ManagerInternals(manager), replicate=replicate, check=check, watch=watch,
         ft_optimizer=torchft.Optimizer(manager, training.optimizers), beacon=beacon, hooks=hooks, fence=fence)
     t_manager = time.time()
 

@@ -364,7 +364,18 @@ class RankTrainer:
                 if self.cfg.step_sleep_s:
                     self.r.beacon.enter("idle")
                     time.sleep(self.cfg.step_sleep_s)
+            else:
+                self.hold_back(stop)
         return "done"
+
+    def hold_back(self, stop: StopRequest) -> None:
+        """After a failed step: out of the next quorum while cut off from a lower-numbered peer
+        (``trainer/collective_watch.py``)."""
+        if self.r.watch is None:
+            return
+        self.r.beacon.enter("allreduce")  # waiting on other groups: never this group's hang
+        self.r.watch.hold_back(self.cfg.quorum_timeout_s, lambda: stop.requested, self._say)
+        self.r.beacon.enter("compute")
 
     def close(self, reason: str, error: str | None = None) -> None:
         """Leave the quorum first (a drained group's heartbeats end with its last commit: the
@@ -377,6 +388,8 @@ class RankTrainer:
         self.sink.close()
         self.r.beacon.close()
         self.r.hooks.close()
+        if self.r.watch:
+            self.r.watch.close()
         dist.destroy_process_group()
 
     def leave_quorum(self) -> None:

@@ -3,11 +3,13 @@
 Listening on the bus, the responder starts a round of probes (every up group's agent says which
 other groups' agents it reaches) when a commit fails, or when no training group has committed
 for ``stall_s`` (max of :data:`STALL_FLOOR_S` and :data:`STALL_STEPS` median steps, by this
-server's clock). The stall comes first: cut off from a peer, every group waits in its
-all-reduce until the collective timeout, then fails, and torchft at once forms a quorum with
-every group again (all still heartbeat); a group that then dials a peer it cannot reach waits
-out gloo's connect (50 s measured) before anything moves. Evicting before that quorum forms
-spares it. Rounds are at least ``probe_every_s`` apart.
+server's clock). The trainers' collective watch (``trainer/collective_watch.py``) usually comes
+first: it ends the all-reduce on the cut in about a second, the commit fails, and the pair's
+higher-numbered group keeps out of quorums by itself, as this rule decides. With the watch off,
+every group waits in its all-reduce until the collective timeout, then fails, and torchft at once
+forms a quorum with every group again (all still heartbeat); a group that then dials a peer it
+cannot reach waits out gloo's connect before anything moves: the stall trigger evicts before
+that quorum forms. Rounds are at least ``probe_every_s`` apart.
 
 Where two answering groups do not reach each other, the groups outside the rule's set are
 evicted through their agents (down, ``evicted``; never replaced by their warm spare, which sits

@@ -131,6 +131,7 @@ def test_a_straggler_drill_names_the_slow_group_leaves_the_others_alone_and_show
     assert r["cleared_at"] is not None, "cleared once the delay ended"
     assert {g: v["restarts"] for g, v in groups(job.control).items()} == starts, "nobody was restarted"
     assert groups(job.control)[2]["straggler"] is None
+    assert ended_on_a_lost_peer(job, drill["created"]) == [], "a slow group is never taken for a lost one"
 
 
 def test_under_the_evict_policy_a_straggler_that_costs_more_than_its_share_is_evicted_for_good(job):
@@ -188,6 +189,7 @@ def test_slowness_that_rotates_from_group_to_group_is_never_flagged(job):
     turns: on a slower machine it was flagged.)"""
     wait_for(lambda: all_training(job.control), 240, "all three groups training")
     agents = job.connection()["agents"]
+    started = time.time()
     for g in range(3):
         injected = httpx.post(f"{agents[str(g)]}/inject", headers=agent_auth(g), timeout=30,
                               json={"kind": "slow", "delay_ms": 300, "seconds": ROTATING_S, "every": 3, "offset": g})
@@ -202,6 +204,13 @@ def test_slowness_that_rotates_from_group_to_group_is_never_flagged(job):
         time.sleep(0.1)
     assert flagged == set(), f"rotating slowness flagged group(s) {flagged}"
     assert "rotating" in patterns and "persistent" not in patterns, patterns
+    assert ended_on_a_lost_peer(job, started) == [], "slow groups are never taken for lost ones"
+
+
+def ended_on_a_lost_peer(job, since: float) -> list[dict]:
+    """Steps whose cross-group collective the collective watch ended since ``since``."""
+    return [e for g in range(3) for e in job.control.events(group=g, type="commit_failed", since=since)
+            if "lost a peer" in (e["error"] or "")]
 
 
 def process_events(job, group: int, since: float, action: str) -> list[dict]:

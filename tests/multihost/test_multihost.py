@@ -14,11 +14,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from cluster import REPO, committed_steps, read_events, stored, wait_for
+from cluster import REPO, committed_steps, lighthouse_on_host, read_events, resumed_s, stored, together, wait_for
 from netns import NamespaceHosts, skip_unless_available
 from processes import Owner
 from protocol.layout import GroupLayout
-from protocol import defaults
 from protocol.beacon import Beacon, read_beacon
 from protocol.network import is_loopback, resolve
 
@@ -26,6 +25,8 @@ pytestmark = [pytest.mark.netns]
 
 STEPS = 12
 JOB_TOKEN = "multihost-token-0123456789abcdef"
+RESUME_S = 3.0
+"""Survivors of a cut commit again within this (trainer/collective_watch.py), not a collective timeout."""
 SMALL = ["--ranks-per-group", "1", "--seq-len", "64", "--local-batch-size", "2", "--log-every", "5", "--fingerprint-every", "1"]
 
 
@@ -46,16 +47,7 @@ def hosts():
     """Four hosts: the Lighthouse on host 0 (10.77.0.1), a group on each of the others."""
     skip_unless_available()
     with NamespaceHosts(4) as h, Owner() as owner:  # its processes end before the namespaces go
-        port = defaults.LIGHTHOUSE_PORT
-        exe = str(Path(sys.executable).with_name("torchft_lighthouse"))
-        subprocess.Popen([*h.run(0), exe, "--bind", f"{h.address(0)}:{port}", "--min_replicas", "1",
-                          "--join_timeout_ms", str(defaults.JOIN_TIMEOUT_MS), "--quorum_tick_ms",
-                          str(defaults.QUORUM_TICK_MS), "--heartbeat_timeout_ms", str(defaults.HEARTBEAT_TIMEOUT_MS)],
-                         env={**owner.env(), "RUST_LOG": "warn"}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                         start_new_session=True)
-        wait_for(lambda: subprocess.run([*h.run(1), "bash", "-c", f"exec 3<>/dev/tcp/{h.address(0)}/{port}"],
-                                        capture_output=True).returncode == 0, 30, "the Lighthouse on host 0")
-        yield Hosts(h, f"http://{h.address(0)}:{port}")
+        yield Hosts(h, lighthouse_on_host(h, 0, owner))
 
 
 def fingerprints(events: list[dict], group: int) -> dict[int, str]:
@@ -101,19 +93,6 @@ def train_three(hosts: Hosts, groups, events_dir: Path, *extra: str) -> list:
     return started
 
 
-def together(events_dir: Path, n: int, since: float = 0.0, members=(0, 1, 2)) -> bool:
-    """Every one of ``members`` committed ``n`` steps with exactly them since ``since``."""
-    events = read_events(events_dir)
-    return all(len([e for e in committed_steps(events, g, since=since) if e["participants"] == len(members)]) >= n
-               for g in members)
-
-
-def resumed_s(events_dir: Path, since: float) -> float:
-    """From ``since`` to the first step groups 0 and 1 committed as two."""
-    return min(e["ts"] for g in (0, 1) for e in committed_steps(read_events(events_dir), g, since=since)
-               if e["participants"] == 2) - since
-
-
 def test_a_group_cut_off_from_the_lighthouse_alone_stops_saying_why_and_the_others_train_on(hosts, groups, tmp_path):
     """Host 3 still reaches the other groups but not the Lighthouse's host: its heartbeats stop,
     the others' next quorum leaves it out, and it stops after --quorum-timeout-s with the reason."""
@@ -125,8 +104,40 @@ def test_a_group_cut_off_from_the_lighthouse_alone_stops_saying_why_and_the_othe
     third.proc.wait(timeout=120)
     [exit_event] = [e for e in read_events(events_dir, 2) if e["type"] == "exit" and e["rank"] == 0]
     assert exit_event["reason"] == "lighthouse-away" and "takes no connection" in exit_event["error"], exit_event
-    print(f"group 2 cut off from the Lighthouse: groups 0 and 1 committed again {resumed_s(events_dir, cut_at):.1f} s "
+    resumed = resumed_s(events_dir, cut_at)
+    assert resumed <= RESUME_S, f"the Lighthouse stopped hearing group 2: the others waited {resumed:.1f} s"
+    print(f"group 2 cut off from the Lighthouse: groups 0 and 1 committed again {resumed:.1f} s "
           f"later; group 2 stopped {exit_event['ts'] - cut_at:.1f} s after the cut")
+
+
+def test_two_groups_cut_apart_without_a_control_plane_the_higher_stays_out_and_heals_once_mended(hosts, groups, tmp_path):
+    """Hosts 2 and 3 (groups 1 and 2) stop reaching each other; all three still reach the
+    Lighthouse, and nobody evicts anything. Each of the pair finds the other's host unreachable
+    inside the all-reduce and ends it; group 2, the higher number, stays out of the next quorums
+    while it cannot reach group 1, so groups 0 and 1 train on within seconds. Mended: group 2
+    rejoins by itself, heals from a live peer and agrees with the others bitwise."""
+    events_dir = tmp_path / "events"
+    started = train_three(hosts, groups, events_dir)
+    cut_at = time.time()
+    hosts.net.cut(2, 3)
+    wait_for(lambda: together(events_dir, 3, cut_at, members=(0, 1)), 120, "groups 0 and 1 to commit without group 2")
+    resumed = resumed_s(events_dir, cut_at)
+    time.sleep(max(0.0, cut_at + 8 - time.time()))
+    mended_at = time.time()
+    hosts.net.mend(2, 3)
+    wait_for(lambda: together(events_dir, 3, mended_at), 120, "group 2 back with the others")
+    events = read_events(events_dir)
+    failed = [e for e in events if e["type"] == "commit_failed" and cut_at <= e["ts"] < mended_at]
+    assert any("took no connection" in (e["error"] or "") for e in failed), "a collective ended on the evidence"
+    assert "staying out of the next quorum: group 1 takes no connection" in started[2].output()
+    heal = [e for e in events if e["type"] == "heal" and e["group"] == 2 and e["ts"] >= mended_at][0]
+    assert heal["source_group"] in (0, 1)
+    after = [{s: d for s, d in fingerprints(events, g).items() if s > heal["step"]} for g in range(3)]
+    common = set(after[0]) & set(after[1]) & set(after[2])
+    assert common and all(after[0][s] == after[1][s] == after[2][s] for s in common), "group 2 differs after its heal"
+    assert resumed <= RESUME_S, f"groups 0 and 1 waited {resumed:.1f} s"
+    print(f"groups 1 and 2 cut apart, no control plane: groups 0 and 1 committed again {resumed:.1f} s later; mended, "
+          f"group 2 healed {heal['ts'] - mended_at:.1f} s after")
 
 
 def agent_on_host(hosts: Hosts, owner: Owner, group: int, state_dir: Path, *agent_args: str,
@@ -171,6 +182,7 @@ def test_a_group_whose_cable_is_pulled_is_left_out_and_comes_back_once_it_is_bac
         hosts.net.isolate(3)
         wait_for(lambda: together(events_dir, 3, cut_at, members=(0, 1)), 120, "groups 0 and 1 to commit without group 2")
         resumed = resumed_s(events_dir, cut_at)
+        assert resumed <= RESUME_S, f"groups 0 and 1 waited {resumed:.1f} s"
         time.sleep(max(0.0, cut_at + 15 - time.time()))  # past the collective and the quorum timeouts
         healed_at = time.time()
         hosts.net.reconnect(3)
@@ -278,7 +290,7 @@ def test_a_partition_drill_cutting_two_groups_evicts_the_rules_loser_and_it_rejo
         assert (drill["status"], drill["kind"], drill["fingerprints_equal"]) == ("done", "partition", True), drill
         assert (r["group"], r["evicted"], r["kept"], r["rejoined_by"]) == (2, [2], [0, 1], "control-plane"), r
         assert r["addresses"] == {"1": hosts.address(3), "2": hosts.address(2)}
-        assert r["survivors_resume_s"] <= 3 * COLLECTIVE_TIMEOUT_S, f"the loop took {r['survivors_resume_s']:.1f} s to break"
+        assert r["survivors_resume_s"] <= RESUME_S, f"the loop took {r['survivors_resume_s']:.1f} s to break"
         heal = healed_from_a_live_peer(tmp_path / "events", 2, r["mended_at"])
         [evicted, rejoined] = stored(tmp_path / "control.db", "partition")
         assert (evicted["action"], evicted["unreached"], rejoined["action"]) == ("evicted", [1], "rejoined")
@@ -315,7 +327,7 @@ def test_an_isolate_drill_leaves_the_group_out_and_it_comes_back_once_the_networ
         r = drill["report"]
         assert (drill["status"], drill["fingerprints_equal"], r["group"], r["evicted"]) == ("done", True, 2, []), drill
         assert set(r["addresses"]["2"].split(", ")) == {hosts.address(i) for i in range(3)}, r["addresses"]
-        assert r["survivors_resume_s"] <= 3 * COLLECTIVE_TIMEOUT_S
+        assert r["survivors_resume_s"] <= RESUME_S, r["survivors_resume_s"]
         assert r["rejoined_by"] == "network", r["rejoined_by"]
         heal = healed_from_a_live_peer(events_dir, 2, r["mended_at"])
         assert not restarted_alone(events_dir, cut_off), "the same trainer came back"
