@@ -70,6 +70,22 @@ def rows() -> list[tuple[str, str, str]]:
                 f"({span(v, '.2f')} s) vs {st.median(k):.2f} s after a kill: the survivors still wait for its "
                 "heartbeat to expire", f))
 
+    f = "partition-20261207T162103Z.json"
+    runs = load(f)["runs"]
+    on = {mode: [r for r in runs if r["watch"] == "on" and r["mode"] == mode] for mode in ("cut", "isolate")}
+    off = {mode: [r for r in runs if r["watch"] == "off" and r["mode"] == mode] for mode in ("cut", "isolate")}
+    cut, isolate = ([r["survivors_resume_s"] for r in on[m]] for m in ("cut", "isolate"))
+    inside = sum(r["where"] == "inside" for m in on for r in on[m])
+    off_isolate = [r["survivors_resume_s"] for r in off["isolate"] if r["survivors_resume_s"] is not None]
+    out.append(("Cut two groups' hosts apart (both still reach the Lighthouse), or one group's host off the "
+                "network, no control plane → the others commit again",
+                f"cut: {st.median(cut):.2f} s median ({span(cut, '.2f')} s) over {len(cut)} cuts; isolate: "
+                f"{st.median(isolate):.2f} s ({span(isolate, '.2f')} s) over {len(isolate)}; {inside} of them inside "
+                f"an all-reduce. With `--no-collective-watch`, a cut pair's survivors had not resumed "
+                f"{load(f)['settings']['give_up_s']:g} s later in {sum(r['survivors_resume_s'] is None for r in off['cut'])}"
+                f" of {len(off['cut'])} cuts, and an isolated host cost {st.median(off_isolate):.2f} s median "
+                f"({span(off_isolate, '.2f')} s)", f))
+
     f = "recovery-20261207T063628Z.json"
     d = load(f)
     ft, classic = ([r["kill_to_full_s"] for r in d[path]] for path in ("torchft", "classic"))
