@@ -21,6 +21,7 @@ from protocol.events import BaseEvent, EventIds, TorchftLogEvent
 from protocol.files import write_model
 
 _STOP = object()
+log = logging.getLogger("trainer.events")
 TORCHFT_LOGGERS = ("torchft_quorums", "torchft_commits", "torchft_errors")
 QUEUE_CAPACITY = 10_000
 """Events waiting for the writer thread: minutes of steps; only a stuck disk fills it."""
@@ -35,6 +36,7 @@ class EventSink:
         self.path = events_dir / GroupLayout(group).rank_events(rank)
         self.ids = EventIds(GroupLayout(group).event_ids(rank))
         self.dropped = 0
+        self._invalid: set[type[BaseEvent]] = set()
         self._queue: queue.Queue = queue.Queue(maxsize=capacity)
         self._thread = threading.Thread(target=self._write_loop, name="ft-events", daemon=True)
         self._thread.start()
@@ -72,8 +74,9 @@ class EventSink:
                 try:
                     lines.append(event_cls(ts=ts, group=self.group, rank=self.rank, eid=self.ids.next(),
                                            **fields).model_dump_json())
-                except ValueError:
+                except ValueError as err:
                     self.dropped += 1
+                    self._said_invalid(event_cls, err)
             if out is None:
                 self.dropped += len(lines)
             else:
@@ -86,6 +89,15 @@ class EventSink:
                 if out is not None:
                     out.close()
                 return
+
+
+    def _said_invalid(self, event_cls: type[BaseEvent], err: ValueError) -> None:
+        """An event this trainer made that its own schema refuses is a bug: said once per kind
+        (the rest are counted in ``dropped``, which the exit event carries)."""
+        if event_cls not in self._invalid:
+            self._invalid.add(event_cls)
+            log.warning("dropped a %s event its schema refuses (further ones are only counted): %s",
+                        event_cls.__name__, str(err).replace("\n", "; "))
 
 
 class TorchftLogBridge(logging.Handler):

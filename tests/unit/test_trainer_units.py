@@ -33,6 +33,16 @@ def test_event_sink_writes_schema_valid_lines_and_counts_drops(tmp_path):
     assert sink.dropped == 50
 
 
+def test_an_event_its_own_schema_refuses_is_counted_and_said_once(tmp_path, caplog):
+    sink = EventSink(tmp_path, group=1, rank=0)
+    for _ in range(3):
+        sink.emit(StepEvent, **{**step_fields(1, 2), "step": -1})
+    sink.close()
+    assert sink.dropped == 3
+    [said] = [r.getMessage() for r in caplog.records if r.name == "trainer.events"]
+    assert said.startswith("dropped a StepEvent event its schema refuses") and "step" in said, said
+
+
 def _trainer(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "trainer", *args], cwd=REPO, capture_output=True,
                           text=True, timeout=120)
