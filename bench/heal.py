@@ -168,8 +168,7 @@ class Hosts:
         if self.net is not None:
             self.net.__enter__()
             for i in range(1, self.net.count):
-                subprocess.run([*self.net.run(i), "tc", "qdisc", "add", "dev", "eth0", "root", "tbf", "rate",
-                                f"{self.link_mbit}mbit", "burst", "1mb", "latency", "400ms"], check=True)
+                self.net.shape(i, self.link_mbit)
         return self
 
     def __exit__(self, *exc) -> None:

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from bench.common import write_result
-from tests.cluster import TrainerGroup, lighthouse_on_host, read_events, resumed_s, together, wait_for
+from tests.cluster import groups_on_hosts, lighthouse_on_host, read_events, resumed_s, together, wait_for
 from tests.netns import NamespaceHosts, why_unavailable
 from tests.processes import Owner
 
@@ -90,9 +90,8 @@ def job(watch: str, args) -> list[dict]:
         lighthouse = lighthouse_on_host(net, 0, owner)
         events_dir = Path(tmp) / "events"
         flag = "--collective-watch" if watch == "on" else "--no-collective-watch"
-        groups = [TrainerGroup(g, ["--lighthouse", lighthouse, "--events-dir", str(events_dir), "--advertise-host",
-                                   net.address(g + 1), flag, *TRAINER], Path(tmp) / f"g{g}.log",
-                               env=owner.env(), host=net.run(g + 1)).start() for g in range(3)]
+        groups = groups_on_hosts(net, 3, ["--lighthouse", lighthouse, "--events-dir", str(events_dir), flag, *TRAINER],
+                                 Path(tmp), owner.env())
         try:
             wait_for(lambda: together(events_dir, 5), 300, "three groups committing together")
             for repeat in range(args.repeats):

@@ -113,6 +113,13 @@ def lighthouse_on_host(net, i: int, owner) -> str:
     return f"http://{net.address(i)}:{port}"
 
 
+def groups_on_hosts(net, count: int, args: list[str], log_dir: Path, env: dict[str, str]) -> list[TrainerGroup]:
+    """Groups 0 to ``count`` - 1 started on namespace hosts 1 to ``count`` of ``net``, each
+    advertising its host's address (host 0 is the Lighthouse's, :func:`lighthouse_on_host`)."""
+    return [TrainerGroup(g, [*args, "--advertise-host", net.address(g + 1)], log_dir / f"g{g}.log", env=env,
+                         host=net.run(g + 1)).start() for g in range(count)]
+
+
 def together(events_dir: Path, n: int, since: float = 0.0, members=(0, 1, 2)) -> bool:
     """Every one of ``members`` committed ``n`` steps with exactly them since ``since``."""
     events = read_events(events_dir)

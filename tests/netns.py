@@ -14,6 +14,7 @@ test with the reason where they cannot be made.
 
 from __future__ import annotations
 
+import json
 import secrets
 import shutil
 import subprocess
@@ -99,6 +100,18 @@ class NamespaceHosts:
     def reconnect(self, i: int) -> None:
         """Host i's cable back in: :meth:`isolate` undone."""
         _ip("-n", self.switch, "link", "set", self._port(i), "up")
+
+    def shape(self, i: int, mbit: float) -> None:
+        """Host i sends at most ``mbit`` Mbit/s (a token bucket on its ``eth0``: what leaves it
+        queues, as on a slow link; this kernel's ``netem`` adds no delay in a namespace)."""
+        subprocess.run([*self.run(i), "tc", "qdisc", "replace", "dev", "eth0", "root", "tbf", "rate",
+                        f"{mbit:g}mbit", "burst", "1mb", "latency", "400ms"], check=True, capture_output=True)
+
+    def sent_bytes(self, i: int) -> int:
+        """What host i's ``eth0`` has sent so far."""
+        shown = subprocess.run(["ip", "-n", self.names[i], "-s", "-j", "link", "show", "eth0"], check=True,
+                               capture_output=True, text=True).stdout
+        return json.loads(shown)[0]["stats64"]["tx"]["bytes"]
 
     def cut(self, i: int, j: int) -> None:
         """Hosts i and j no longer reach each other; both still reach every other host."""
