@@ -200,13 +200,16 @@ class CollectiveWatch:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     def _run(self) -> None:
+        """Each wait is watched once: after its abort (or a probe that broke) it is left to end."""
+        last: int | None = None
         while True:
             with self._cond:
-                while self._wait is None and not self._closed:
+                while (self._wait is None or self._wait == last) and not self._closed:
                     self._cond.wait()
                 if self._closed:
                     return
-                wait, probe_at = self._wait, self._since + grace_s(list(self.recent))
+                wait = last = self._wait
+                probe_at = self._since + grace_s(list(self.recent))
                 while self._wait == wait and not self._closed and time.monotonic() < probe_at:
                     self._cond.wait(probe_at - time.monotonic())
                 if self._wait != wait:
@@ -282,8 +285,8 @@ class CollectiveWatch:
         try:
             with urllib.request.urlopen(self.status_url, timeout=STATUS_TIMEOUT_S) as response:
                 status = parse_status(response.read().decode())
-        except OSError:
-            status = None  # the Lighthouse is away from here: the probes still tell
+        except (OSError, ValueError):
+            status = None  # the Lighthouse is away from here (or its page unreadable): the probes still tell
         if status is not None:
             for member in status.members:
                 with suppress(ValueError):
