@@ -48,7 +48,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 
-from protocol.lighthouse import lighthouse_endpoint
+from protocol.lighthouse import LighthouseStatus, lighthouse_endpoint
 from protocol.lighthouse_status import parse_status
 from protocol.replicas import group_of
 
@@ -166,6 +166,7 @@ class CollectiveWatch:
         self.addresses: dict[str, tuple[str, int]] = {}
         """member → its Manager's host and port, as the Lighthouse last listed it"""
         self.recent: deque[float] = deque(maxlen=RECENT_WAITS)
+        self._learned_for: tuple[str, ...] | None = None
         self.aborts = 0
         self._cond = threading.Condition()
         self._wait: int | None = None
@@ -210,6 +211,8 @@ class CollectiveWatch:
                     return
                 wait = last = self._wait
                 probe_at = self._since + grace_s(list(self.recent))
+            self._learn_new_members()
+            with self._cond:
                 while self._wait == wait and not self._closed and time.monotonic() < probe_at:
                     self._cond.wait(probe_at - time.monotonic())
                 if self._wait != wait:
@@ -279,18 +282,36 @@ class CollectiveWatch:
         me = self.self_id()
         return [m for m in self.members() if m != me]
 
-    def _round(self, others: list[str]) -> Round:
-        """Probe ``others`` (replica ids) and read the Lighthouse's heartbeats."""
-        stale, self_fresh = frozenset(), False
+    def _learn_new_members(self) -> None:
+        """Once per quorum, at its first wait: the addresses of members not known yet, read while
+        the Lighthouse is surely there to ask (a cut may take it away from here later)."""
+        try:
+            members = tuple(self.members())
+            if members != self._learned_for and any(m not in self.addresses for m in self._others()):
+                self._learn_addresses()
+            self._learned_for = members
+        except Exception:  # never the watcher's end: the probes learn them later too
+            log.exception("reading the quorum's members failed")
+
+    def _learn_addresses(self) -> LighthouseStatus | None:
+        """Read the Lighthouse's status page and keep its members' Manager addresses; None when
+        the Lighthouse is away from here (or its page unreadable)."""
         try:
             with urllib.request.urlopen(self.status_url, timeout=STATUS_TIMEOUT_S) as response:
                 status = parse_status(response.read().decode())
         except (OSError, ValueError):
-            status = None  # the Lighthouse is away from here (or its page unreadable): the probes still tell
+            return None
+        for member in status.members:
+            with suppress(ValueError):
+                self.addresses[member.replica_id] = lighthouse_endpoint(member.manager_address)
+        return status
+
+    def _round(self, others: list[str]) -> Round:
+        """Probe ``others`` (replica ids) and read the Lighthouse's heartbeats (when it is away, the
+        probes still tell, at the addresses learned before)."""
+        stale, self_fresh = frozenset(), False
+        status = self._learn_addresses()
         if status is not None:
-            for member in status.members:
-                with suppress(ValueError):
-                    self.addresses[member.replica_id] = lighthouse_endpoint(member.manager_address)
             beats = {h.replica_id: h for h in status.heartbeats}
             me = self.self_id()
             self_fresh = me in beats and not beats[me].stale

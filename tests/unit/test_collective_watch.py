@@ -125,6 +125,14 @@ def watched(quorum):
     watch.close()
 
 
+def test_a_new_quorums_addresses_are_learned_at_its_first_wait_before_anything_is_probed(watched):
+    watch, aborted, _ = watched
+    with watch.waiting():
+        time.sleep(GRACE_FLOOR_S / 2)  # ends before anything is probed
+    wait_for(lambda: PEER in watch.addresses, 5, "the peer's address, read at the quorum's first wait")
+    assert watch.addresses[PEER][0] == "127.0.0.1" and aborted == []
+
+
 def test_a_slow_wait_on_a_live_peer_is_never_ended(watched):
     watch, aborted, _ = watched
     with watch.waiting():
