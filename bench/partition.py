@@ -14,7 +14,8 @@ where it fell in group 1's step: after the start of the wait of the step's cross
 all-reduce, or before it (from group 1's step events: the wait ends just before the commit);
 repeats alternate between aiming at one and at the other, from the timing of group 1's last steps.
 
-Writes ``bench/results/partition-*.json``; the numbers in docs/recovery.md come from there.
+Writes ``bench/results/partition-*.json``; the numbers in docs/faults.md and docs/multihost.md come
+from there.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import html
 import re
+import urllib.request
 
 from protocol.lighthouse import Heartbeat, LighthouseStatus, NextQuorum, QuorumMember
 from protocol.replicas import group_of
@@ -38,6 +39,13 @@ _HEARTBEAT = re.compile(
     r'<li class="heartbeat\s*(?P<old>old)?\s*">\s*(?P<id>[^<]+?):\s*seen\s*(?P<age>[\d.]+)s ago\s*</li>', re.S
 )
 _NEXT_COUNTS = re.compile(r"\[(\d+)/(\d+) participants healthy\]\[(\d+) heartbeating\]")
+
+
+def fetch_status(url: str, timeout_s: float) -> LighthouseStatus:
+    """The Lighthouse's status page at ``url`` (``protocol.lighthouse.status_url``), read and parsed.
+    Raises OSError when it does not answer and :class:`StatusFormatError` when its page changed."""
+    with urllib.request.urlopen(url, timeout=timeout_s) as response:
+        return parse_status(response.read().decode())
 
 
 def parse_status(page: str) -> LighthouseStatus:

@@ -41,7 +41,6 @@ import socket
 import statistics
 import threading
 import time
-import urllib.request
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -49,7 +48,7 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 
 from protocol.lighthouse import LighthouseStatus, lighthouse_endpoint
-from protocol.lighthouse_status import parse_status
+from protocol.lighthouse_status import fetch_status
 from protocol.replicas import group_of
 
 log = logging.getLogger("trainer.collective_watch")
@@ -297,8 +296,7 @@ class CollectiveWatch:
         """Read the Lighthouse's status page and keep its members' Manager addresses; None when
         the Lighthouse is away from here (or its page unreadable)."""
         try:
-            with urllib.request.urlopen(self.status_url, timeout=STATUS_TIMEOUT_S) as response:
-                status = parse_status(response.read().decode())
+            status = fetch_status(self.status_url, STATUS_TIMEOUT_S)
         except (OSError, ValueError):
             return None
         for member in status.members:

@@ -10,7 +10,6 @@ transport's ``peers`` function; ``groups`` maps each address it found to its gro
 
 from __future__ import annotations
 
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from concurrent.futures import TimeoutError as FuturesTimeout
 from datetime import timedelta
@@ -18,7 +17,7 @@ from datetime import timedelta
 from torchft._torchft import ManagerClient
 
 from protocol.lighthouse import status_url
-from protocol.lighthouse_status import parse_status
+from protocol.lighthouse_status import fetch_status
 
 LOOKUP_TIMEOUT = timedelta(seconds=2)
 """The most finding extra sources may add to a heal: torchft's own source needs no lookup."""
@@ -38,8 +37,7 @@ class LighthousePeers:
     def __call__(self, step: int) -> list[str]:
         """The heal addresses of this rank's peers in every quorum member at ``step``, asked of
         their Managers at once; a member that does not answer in time is left out."""
-        with urllib.request.urlopen(self.status_url, timeout=self.timeout.total_seconds()) as response:
-            status = parse_status(response.read().decode())
+        status = fetch_status(self.status_url, self.timeout.total_seconds())
         members = [m for m in status.members if m.step == step]
         if not members:
             return []

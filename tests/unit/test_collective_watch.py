@@ -7,7 +7,6 @@ from __future__ import annotations
 import socket
 import threading
 import time
-import urllib.request
 from datetime import timedelta
 
 import pytest
@@ -15,7 +14,7 @@ from torchft._torchft import LighthouseClient
 
 from cluster import wait_for
 from protocol.lighthouse import status_url
-from protocol.lighthouse_status import parse_status
+from protocol.lighthouse_status import fetch_status
 from trainer.collective_watch import (
     GRACE_FLOOR_S,
     CollectiveWatch,
@@ -62,11 +61,6 @@ def test_probing_starts_after_a_few_recent_medians_and_never_sooner_than_the_flo
     assert grace_s([0.4, 0.5, 9.0]) == pytest.approx(1.5)
 
 
-def lighthouse_status(lighthouse: str):
-    with urllib.request.urlopen(status_url(lighthouse), timeout=5) as response:
-        return parse_status(response.read().decode())
-
-
 class Peer:
     """A peer group's Manager as the watch sees it: a listening socket, heartbeats to the Lighthouse."""
 
@@ -101,7 +95,7 @@ class Peer:
 def quorum(lighthouse):
     """Two members, ``ME`` and ``PEER``, in one real quorum of the Lighthouse."""
     me, peer = Peer(lighthouse, ME), Peer(lighthouse, PEER)
-    wait_for(lambda: {h.replica_id for h in lighthouse_status(lighthouse).heartbeats} == {ME, PEER}, 10,
+    wait_for(lambda: {h.replica_id for h in fetch_status(status_url(lighthouse), 5).heartbeats} == {ME, PEER}, 10,
              "both heartbeats at the Lighthouse")  # else the first to ask gets a quorum of one, and the other none
     joins = [threading.Thread(target=p.quorum) for p in (me, peer)]
     for t in joins:
