@@ -91,7 +91,7 @@ def main() -> int:
                   lr=training.live.lr(), step_s=step_s, compute_s=step_s, allreduce_s=0.0, commit_s=0.0, quorum_id=0,
                   participants=cfg.groups, participating=True, healed=False,
                   batches_committed=counter.step * cfg.groups)
-        if checkpointer and checkpointer.due(counter.step):
+        if checkpointer and checkpointer.due(counter.step, counter.step - 1):
             for saved in checkpointer.save(counter.step)[1]:
                 sink.emit(CheckpointEvent, action="saved", step=saved.step, seconds=saved.seconds,
                           stall_s=saved.stall_s, path=str(saved.path))

@@ -255,6 +255,30 @@ class FingerprintEvent(BaseEvent):
     digest: str
 
 
+class SyncEvent(BaseEvent):
+    """A sync across groups (``--sync localsgd|diloco``): the quorum, a heal, the all-reduce of
+    the groups' pseudo-gradients and the outer step, after ``H`` inner steps inside the group."""
+
+    type: Literal["sync"] = "sync"
+    step: Count = Field(description="inner steps committed after the sync (what --steps counts)")
+    outer_step: Count = Field(description="syncs committed after it (torchft's step)")
+    committed: Flag = Field(description="false: every group went back to the last synced parameters, data "
+                            "position and schedule, and trains the window again")
+    joined: Flag = Field(description="the group joined the others at this sync without having trained a window "
+                         "(its start, a restart)")
+    fragment: Count = Field(description="the model fragment this sync averaged (streaming DiLoCo; 0 with one)")
+    seconds: Seconds = Field(description="from the window's last inner step to the end of the sync: waiting for the "
+                             "other groups, the quorum, a heal, the all-reduce and the outer step")
+    bytes: Count = Field(description="this rank's pseudo-gradient, sent into the cross-group all-reduce")
+    drift: float | None = Field(description="norm of this group's pseudo-gradient (how far its window moved it "
+                                "from the last synced parameters); null at a join")
+    participants: Count = Field(description="groups whose pseudo-gradients the sync averaged")
+    members: Count = Field(description="groups that trained the window and took part in its sync")
+    quorum_id: QuorumId
+    healed: Flag = Field(description="this group loaded a peer's state at the sync")
+    error: str | None = None
+
+
 class ExitEvent(BaseEvent):
     type: Literal["exit"] = "exit"
     reason: Literal["done", "stopped", "error", "lighthouse-away", "quarantined"] = Field(
@@ -343,6 +367,7 @@ Event = Annotated[
         StragglerEvent,
         PartitionEvent,
         SdcEvent,
+        SyncEvent,
     ],
     Field(discriminator="type"),
 ]

@@ -16,6 +16,7 @@ from pydantic import BaseModel, Field
 DEFAULT_CONFIG = "llama3_debugmodel_bytes"
 BatchPolicy = Literal["constant", "shrink"]
 Precision = Literal["bf16", "fp32"]
+SyncMode = Literal["hsdp", "localsgd", "diloco"]
 
 
 class JobSettings(BaseModel):
@@ -64,6 +65,21 @@ class JobSettings(BaseModel):
                           "compiles: 30 s for the debug model on a 2-core CPU)")
     max_norm: float | None = Field(None, ge=0, description="clip gradients to this global norm (over every group, "
                                    "after averaging; 0: no clipping; default: the config's)")
+
+    sync: SyncMode | None = Field(None, description="how groups train together: hsdp averages every step's "
+                                  "gradients across groups; localsgd and diloco train --sync-every steps inside "
+                                  "each group, then average across groups once (torchft's DiLoCo: localsgd takes "
+                                  "the average, diloco an outer Nesterov step on it); for slow links between groups "
+                                  "(default: the config's fault_tolerance.semi_sync_method, else hsdp)")
+    sync_every: int | None = Field(None, ge=1, description="localsgd/diloco: inner steps between two syncs, H "
+                                   "(default: the config's fault_tolerance.sync_steps, else 20)")
+    fragments: int | None = Field(None, ge=1, description="diloco/localsgd: sync the model in this many fragments, "
+                                  "one every H/F steps (streaming DiLoCo; default: the config's "
+                                  "fault_tolerance.num_fragments, else 1)")
+    outer_lr: float | None = Field(None, gt=0, description="diloco: the outer optimizer's learning rate (Nesterov "
+                                   "SGD on the averaged pseudo-gradient; default 0.7, torchtitan's)")
+    outer_momentum: float | None = Field(None, ge=0, lt=1, description="diloco: the outer optimizer's momentum "
+                                         "(default 0.9, torchtitan's)")
 
     def trainer_args(self) -> list[str]:
         """These settings as the trainer's flags: each one set (paths made absolute, for the ranks

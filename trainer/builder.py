@@ -32,7 +32,7 @@ from trainer.cpu_compat import use_device_type
 from trainer.data import DataPlan
 from trainer.dataset import DataSource, TokenStore, open_tokens
 from trainer.errors import ConfigError
-from trainer.job import describe, job_config, model_limits
+from trainer.job import SyncSettings, describe, job_config, model_limits, sync_settings
 from trainer.state import LiveState, TrainingPosition, materialize_optimizer_state
 from trainer.tokenizer import build_tokenizer, tokenizer_identity
 
@@ -170,6 +170,7 @@ class Training:
     plan: DataPlan
     position: TrainingPosition
     live: LiveState
+    sync: SyncSettings
     data_s: float = 0.0
     model_s: float = 0.0
     parameters: int = 0
@@ -224,6 +225,7 @@ def build_training(cfg: TrainerConfig, dims: Any, device: torch.device, group: i
 
     start = time.time()
     job = job or job_config(cfg)
+    sync = sync_settings(cfg, job)
     dataset = open_dataset(cfg, job)
     plan = data_plan(cfg, job, dataset, ranks)
     data_done = time.time()
@@ -239,7 +241,7 @@ def build_training(cfg: TrainerConfig, dims: Any, device: torch.device, group: i
     schedulers = job.lr_scheduler.build(optimizers=optimizers, training_steps=cfg.steps)
     position = TrainingPosition()
     live = LiveState(group, model, optimizers, schedulers, position)
-    return Training(device, group, rank, job, model, optimizers, schedulers, loss_fn, dataset, plan, position, live,
+    return Training(device, group, rank, job, model, optimizers, schedulers, loss_fn, dataset, plan, position, live, sync,
                     data_s=data_done - start, model_s=time.time() - data_done,
                     parameters=sum(p.numel() for p in model.parameters()))
 

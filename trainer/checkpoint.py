@@ -176,8 +176,9 @@ class Checkpointer:
             for folder in self.root.glob(GroupLayout(self.group).checkpoint_staging_glob):
                 shutil.rmtree(folder, ignore_errors=True)
 
-    def due(self, step: int) -> bool:
-        return step % self.every == 0
+    def due(self, step: int, since: int) -> bool:
+        """A save is due at committed step ``step`` when a multiple of ``every`` lies in (since, step]."""
+        return step // self.every > since // self.every
 
     def save(self, step: int) -> tuple[float, list[Saved]]:
         """Collective over the group's ranks: start saving ``step``. Returns the seconds the step

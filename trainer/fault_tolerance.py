@@ -70,6 +70,13 @@ class ManagerInternals:
         client = self.manager._client
         return client.replica_ids if isinstance(client, MembershipQuorumClient) else []
 
+    @property
+    def quorum(self) -> Any | None:
+        """The last quorum answer (torchft's ``Quorum``: ``replica_ids``, ``replica_rank``,
+        ``replica_world_size``, ``max_step``, ``max_world_size``, …); None before the first."""
+        client = self.manager._client
+        return client.last if isinstance(client, MembershipQuorumClient) else None
+
     def quorum_answered_at(self) -> float:
         """Unix time the last quorum answered this rank's Manager."""
         client = self.manager._client
@@ -197,6 +204,7 @@ class MembershipQuorumClient:
         self.on_answer = on_answer
         self.lighthouse_quorum_id = -1
         self.replica_ids: list[str] = []
+        self.last: Any | None = None
         self.answered_at = 0.0
         self.formation = QuorumFormation()
 
@@ -205,6 +213,7 @@ class MembershipQuorumClient:
         self.answered_at = time.time()
         self.on_answer(quorum, kwargs["step"])
         self.lighthouse_quorum_id = quorum.quorum_id
+        self.last = quorum
         ids = self.replica_ids = list(quorum.replica_ids)
         formed_at = self.formation.see(quorum.quorum_id, ids, kwargs["step"], quorum.max_step)
         return _MembershipQuorum(quorum, membership_quorum_id(quorum.quorum_id, ids, formed_at))
@@ -233,12 +242,31 @@ class FailFastManager(Manager):
     (``AbortableProcessGroupGloo``; NCCL's abort does it itself), so every peer's collective
     fails within milliseconds and the error goes round the ring: the survivors fail the step in
     flight together and meet at the next quorum.
+
+    With a synchronous quorum (``--sync localsgd|diloco``, ``trainer/semi_sync.py``) two more
+    things: a group healed at the quorum is not a participant of the step that healed it (torchft
+    counts it, and averages its copy of the source's state in as its own contribution), and
+    ``commit_veto`` may refuse a step's commit for a reason only the trainer knows.
     """
 
     def __init__(self, pg: ProcessGroup, **kwargs: Any):
         super().__init__(pg=pg, **kwargs)
         self.replicate_pg = pg
         self._client = MembershipQuorumClient(self._client, on_answer=self._serve_every_heal)
+        self.commit_veto: Callable[[], Exception | None] = lambda: None
+
+    def start_quorum(self, *args: Any, **kwargs: Any) -> None:
+        super().start_quorum(*args, **kwargs)
+        quorum = self._client.last
+        if not self._use_async_quorum and quorum is not None and self.errored() is None:
+            # as torchft's asynchronous quorum counts: the replicas at the quorum's step only
+            self._participating_replica_rank = quorum.max_replica_rank
+            self._participating_replica_world_size = quorum.max_world_size
+
+    def should_commit(self, timeout: timedelta | None = None) -> bool:
+        if (veto := self.commit_veto()) is not None:
+            self.report_error(veto)
+        return super().should_commit(timeout)
 
     def _serve_every_heal(self, quorum: Any, my_step: int) -> None:
         """torchft has only the source it names serve a healing peer; every replica at the
@@ -262,7 +290,10 @@ class FailFastManager(Manager):
 
 
 def build_manager(cfg: TrainerConfig, group_rank: int, load_state_dict: Callable[[Any], None],
-                  state_dict: Callable[[], Any]) -> tuple[FailFastManager, StreamTransport, LighthousePeers]:
+                  state_dict: Callable[[], Any], async_quorum: bool = True,
+                  ) -> tuple[FailFastManager, StreamTransport, LighthousePeers]:
+    """torchft's Manager for this rank. ``async_quorum``: each step's quorum overlaps its forward
+    (``hsdp``); off for torchft's DiLoCo, which asks for a quorum at each sync and waits for it."""
     timeout = timedelta(seconds=cfg.timeout_s)
     pg = ProcessGroupNCCL(timeout=timeout) if cfg.across_groups == "nccl" else AbortableProcessGroupGloo(timeout=timeout)
     host = advertised_host(cfg)
@@ -273,7 +304,7 @@ def build_manager(cfg: TrainerConfig, group_rank: int, load_state_dict: Callable
         load_state_dict=load_state_dict,
         state_dict=state_dict,
         min_replica_size=cfg.min_replicas,
-        use_async_quorum=True,
+        use_async_quorum=async_quorum,
         timeout=timeout,
         quorum_timeout=timedelta(seconds=cfg.quorum_timeout_s),
         quorum_retries=max(0, round(cfg.quorum_timeout_s / cfg.quorum_retry_s) - 1),

@@ -44,6 +44,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import crc32c
 import torch
+from torch.distributed.tensor import DTensor
 from torch.utils._pytree import keystr, tree_flatten_with_path, tree_unflatten, treespec_dumps, treespec_loads
 from torchft.checkpointing._rwlock import RWLock
 from torchft.checkpointing.transport import CheckpointTransport
@@ -84,6 +85,8 @@ def describe(step: int, state: Any) -> tuple[HealHeader, list[torch.Tensor]]:
     described, tensors = [], []
     for path, value in leaves:
         where = keystr(path)
+        if isinstance(value, DTensor):
+            value = value.to_local()  # rank r of every group holds the same shard: it heals as one
         if isinstance(value, torch.Tensor):
             described.append(Leaf(path=where, tensor=TensorLeaf(dtype=str(value.dtype).removeprefix("torch."),
                                                                 shape=list(value.shape), nbytes=value.nbytes)))
@@ -346,7 +349,16 @@ class StreamTransport(CheckpointTransport[Any]):
         values, received = [], iter(tensors)
         for leaf in header.leaves:
             values.append(next(received) if leaf.tensor is not None else leaf.value)
-        return tree_unflatten(values, treespec_loads(header.spec))
+        return self._placed(tree_unflatten(values, treespec_loads(header.spec)))
+
+    def _placed(self, state: Any) -> Any:
+        """The received state, each shard whose own counterpart is a DTensor (an optimizer's state
+        that ``load_state_dict`` keeps as given) wrapped as one, placed alike."""
+        if self.destination is None:
+            return state
+        leaves, spec = tree_flatten_with_path(state)
+        own = dict(tree_flatten_with_path(self.destination())[0])
+        return tree_unflatten([_like(value, own.get(path)) for path, value in leaves], spec)
 
     def _receivers(self, header: HealHeader, report: FetchReport) -> list[torch.Tensor]:
         """The tensors a heal lands in: this rank's own where :attr:`destination` matches the
@@ -373,6 +385,12 @@ class StreamTransport(CheckpointTransport[Any]):
         self._server.server_close()
         if wait:
             self._thread.join()
+
+
+def _like(received: Any, own: Any) -> Any:
+    if not isinstance(own, DTensor) or not isinstance(received, torch.Tensor) or isinstance(received, DTensor):
+        return received
+    return DTensor.from_local(received, own.device_mesh, own.placements, shape=own.shape, stride=own.stride())
 
 
 def _allocate(leaf: Leaf) -> torch.Tensor:

@@ -145,3 +145,55 @@ def model_limits(job: Any) -> tuple[int, int]:
 def describe(job: Any) -> str:
     spec = job.model_spec
     return f"{spec.name} {spec.flavor}"
+
+
+@dataclasses.dataclass(frozen=True)
+class SyncSettings:
+    """How the groups train together (``--sync`` and its knobs), resolved against the config."""
+
+    mode: str = "hsdp"
+    sync_every: int = 20
+    fragments: int = 1
+    outer_lr: float = 0.7
+    outer_momentum: float = 0.9
+
+    @property
+    def semi_sync(self) -> bool:
+        return self.mode != "hsdp"
+
+    @property
+    def every(self) -> int:
+        """Inner steps between two syncs (each of one fragment)."""
+        return self.sync_every // self.fragments
+
+
+SYNC_METHODS = {"diloco": "diloco", "local_sgd": "localsgd"}
+"""torchtitan's ``fault_tolerance.semi_sync_method`` values, as ``--sync`` names them."""
+
+
+def sync_settings(cfg: Any, job: Any) -> SyncSettings:
+    """``--sync`` and its knobs; each one unset is the config's own (torchtitan's
+    ``fault_tolerance`` of its torchft experiment: ``semi_sync_method``, ``sync_steps``,
+    ``num_fragments``), else the default. ConfigError for a combination that cannot train."""
+    ft = getattr(job, "fault_tolerance", None)
+    from_config = ft is not None and getattr(ft, "enable", False) and getattr(ft, "semi_sync_method", None)
+    own = SyncSettings(mode=SYNC_METHODS.get(str(ft.semi_sync_method).lower(), "hsdp"), sync_every=ft.sync_steps,
+                       fragments=ft.num_fragments) if from_config else SyncSettings()
+    chosen = {name: getattr(cfg, name) for name in ("sync", "sync_every", "fragments", "outer_lr", "outer_momentum")
+              if getattr(cfg, name) is not None}
+    if "sync" in chosen:
+        chosen["mode"] = chosen.pop("sync")
+    settings = dataclasses.replace(own, **chosen)
+    if not settings.semi_sync:
+        return settings
+    if settings.sync_every % settings.fragments:
+        raise ConfigError(f"--sync-every {settings.sync_every} does not divide into --fragments {settings.fragments}: "
+                          "each fragment syncs every H/F steps; use a multiple of the fragments")
+    if cfg.steps % settings.every:
+        raise ConfigError(f"--steps {cfg.steps} is not a multiple of the {settings.every} inner steps between two "
+                          f"syncs (--sync-every {settings.sync_every} / --fragments {settings.fragments}): the job "
+                          "ends at a sync; round --steps to a multiple")
+    if cfg.world_size_mode != "dynamic":
+        raise ConfigError(f"--sync {settings.mode} trains with --world-size-mode dynamic only: every group that is "
+                          "up trains its share of each window")
+    return settings

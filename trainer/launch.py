@@ -44,10 +44,11 @@ def validate(cfg: TrainerConfig, dial_lighthouse: bool = True) -> str:
     from trainer.advertise import use_advertised_interface
     from trainer.builder import data_plan, open_dataset
     from trainer.fault_tolerance import check_lighthouse_reachable
-    from trainer.job import describe, job_config
+    from trainer.job import describe, job_config, sync_settings
 
     use_advertised_interface(cfg)  # before the Lighthouse is dialled: a loopback advertisement is refused as it is
     job = job_config(cfg)
+    sync = sync_settings(cfg, job)
     dataset = open_dataset(cfg, job, TokenizingProgress(str(cfg.dataset or "the standard library's sources")))
     plan = data_plan(cfg, job, dataset, cfg.ranks_per_group)
     if cfg.device == "cuda":
@@ -63,6 +64,8 @@ def validate(cfg: TrainerConfig, dial_lighthouse: bool = True) -> str:
             f"{dataset.samples:,} samples of {dataset.seq_len} tokens per epoch "
             f"({len(dataset.store.tokens):,} tokens, {dataset.store.documents:,} documents); "
             f"global batch {plan.global_batch} ({plan.policy}), {plan.local_batch} per rank at once"
+            + (f"; {sync.mode} across groups, a sync every {sync.sync_every} steps"
+               + (f" in {sync.fragments} fragments" if sync.fragments > 1 else "") if sync.semi_sync else "")
             + (f"; resuming the job in {cfg.checkpoint_dir} from its checkpoint at step {resumed:,} "
                f"to step {cfg.steps:,}" if resumed is not None else ""))
 

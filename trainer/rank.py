@@ -37,11 +37,12 @@ from trainer.fault_tolerance import (
     check_lighthouse_reachable,
     watch_collectives,
 )
-from trainer.gradient_check import GradientCheck
+from trainer.gradient_check import GradientCheck, group_norm
 from trainer.heal_peers import LighthousePeers
 from trainer.heal_transport import StreamTransport
 from trainer.hooks import DrillHooks
 from trainer.job import describe
+from trainer.semi_sync import SemiSync
 from trainer.telemetry import EventSink, ProgressBeacon, TorchftLogBridge
 
 log = logging.getLogger("trainer")
@@ -79,10 +80,13 @@ class Rank:
     transport: StreamTransport
     peers: LighthousePeers
     internals: ManagerInternals
-    replicate: ReplicateAllReduce
+    replicate: ReplicateAllReduce | None
+    """hsdp: each step's gradients averaged across groups (None with --sync localsgd|diloco)"""
     check: GradientCheck | None
     watch: CollectiveWatch | None
     ft_optimizer: Any
+    semi: SemiSync | None
+    """--sync localsgd|diloco: torchft's DiLoCo and the window around it"""
     beacon: ProgressBeacon
     hooks: DrillHooks
     fence: "Fence"
@@ -178,16 +182,23 @@ def build_rank(cfg: TrainerConfig, process_start: float, stop, forked: bool = Fa
     t_model = time.time()
 
     counters = ManagerState()
+    semi = None
+    if training.sync.semi_sync:
+        semi = SemiSync(training.sync, training.model, training.optimizers, training.schedulers, training.position,
+                        training.live, training.plan.policy)
 
     def restore(state: dict) -> None:
         training.live.restore_checkpoint(state)
         counters.restore(state["torchft"])
+        if semi is not None:
+            semi.restore_checkpoint(state)
 
     checkpointer = resume = None
     if cfg.checkpoint_dir is not None:
         checkpointer = Checkpointer(
             cfg.checkpoint_dir, cfg.group, cfg.checkpoint_keep, cfg.checkpoint_every,
-            state=lambda: {**training.live.checkpoint_state(), "torchft": counters.state_dict()},
+            state=lambda: {**training.live.checkpoint_state(), "torchft": counters.state_dict(),
+                           **(semi.checkpoint_state() if semi else {})},
             restore=restore, asynchronous=cfg.checkpoint_async, timeout=timedelta(seconds=cfg.timeout_s))
         resume = _Resume(checkpointer, sink, tell)
         # a warm spare waits beside the live group: the live group's save in flight is not to be cleared
@@ -213,20 +224,27 @@ def build_rank(cfg: TrainerConfig, process_start: float, stop, forked: bool = Fa
         fence()
         training.live.load_state_dict(state)
 
-    manager, transport, peers = build_manager(cfg, rank, load_live, training.live.state_dict)
+    manager, transport, peers = build_manager(cfg, rank, load_live, training.live.state_dict,
+                                              async_quorum=semi is None)
     manager.load_state_dict(counters.restored)
     counters.manager = manager
+    internals = ManagerInternals(manager)
     watch = watch_collectives(cfg, manager)
-    replicate = ReplicateAllReduce(manager, beacon, defer=cfg.sdc_check, tamper=hooks.corrupt, watch=watch)
-    replicate.install(training.model)
-    check = GradientCheck(manager, cfg.group, device, beacon, cfg.sdc_factor, watch) if cfg.sdc_check else None
+    replicate = check = ft_optimizer = None
+    if semi is not None:
+        semi.attach(manager, internals, beacon, lambda shards: group_norm(shards, device))
+    else:
+        replicate = ReplicateAllReduce(manager, beacon, defer=cfg.sdc_check, tamper=hooks.corrupt, watch=watch)
+        replicate.install(training.model)
+        check = GradientCheck(manager, cfg.group, device, beacon, cfg.sdc_factor, watch) if cfg.sdc_check else None
+        ft_optimizer = torchft.Optimizer(manager, training.optimizers)
     built = Rank(
         cfg=cfg, rank=rank, ranks=ranks, training=training, sink=sink, checkpointer=checkpointer, manager=manager,
-        transport=transport, peers=peers, internals=ManagerInternals(manager), replicate=replicate, check=check, watch=watch,
-        ft_optimizer=torchft.Optimizer(manager, training.optimizers), beacon=beacon, hooks=hooks, fence=fence)
+        transport=transport, peers=peers, internals=internals, replicate=replicate, check=check, watch=watch,
+        ft_optimizer=ft_optimizer, semi=semi, beacon=beacon, hooks=hooks, fence=fence)
     t_manager = time.time()
 
-    resumed_step = manager.current_step()
+    resumed_step = semi.step if semi is not None else manager.current_step()
     sink.emit(
         StartEvent, pid=os.getpid(), replica_id=built.internals.replica_id(), ranks_per_group=ranks,
         device=str(device), **training.start_fields(cfg), imports_s=t_imports - process_start,
@@ -237,5 +255,6 @@ def build_rank(cfg: TrainerConfig, process_start: float, stop, forked: bool = Fa
         + f" (imports {t_imports - process_start:.1f}s, model {training.model_s:.1f}s): {describe(job)}, "
         f"{training.parameters / 1e6:.2f}M parameters, {cfg.precision}"
         + (f", resumed at step {resumed_step}" if resumed_step else "")
+        + (f"; {training.sync.mode} across groups, a sync every {training.sync.every} steps" if semi else "")
         + (f", promoted after {spare_wait_s:.1f}s as a warm spare" if spare_wait_s else ""))
     return built

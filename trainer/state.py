@@ -96,7 +96,7 @@ class LiveState:
         """The learning rate the next step uses (the first parameter group's)."""
         return next(iter(self.schedulers)).get_last_lr()[0]
 
-    def _restore_schedule(self, state: dict[str, Any]) -> None:
+    def restore_schedule(self, state: dict[str, Any]) -> None:
         """torchtitan's schedules are functions of the step: restore it, and every parameter
         group's rate with it (the container restores the schedulers' own only)."""
         self.schedulers.load_state_dict(state["lr_scheduler"])
@@ -117,7 +117,7 @@ class LiveState:
             theirs = state["optimizer"][name]
             for key, mine in self._param_state(param).items():
                 _take(local(mine), theirs[key])
-        self._restore_schedule(state)
+        self.restore_schedule(state)
         self.last_source_group = int(state["source_group"])
         self.last_load_s = time.perf_counter() - start
         self.last_applied_at = time.time()
@@ -133,14 +133,19 @@ class LiveState:
 
     def restore_checkpoint(self, state: dict[str, Any]) -> None:
         """After ``dcp.load`` filled the tensors of :meth:`checkpoint_state` in place."""
-        self._restore_schedule(state)
+        self.restore_schedule(state)
 
     def fingerprint(self) -> str:
-        """SHA-256 (first 16 hex digits) over this rank's parameter and optimizer shards."""
-        digest = hashlib.sha256()
-        for _, param in self.named_params:
-            for tensor in (local(param), *map(local, self._param_state(param).values())):
-                flat = tensor.detach().to("cpu").contiguous().reshape(-1)
-                if flat.numel():  # hashed from its storage: no copy of the bytes first
-                    digest.update(memoryview(flat.view(torch.uint8).numpy()))
-        return digest.hexdigest()[:16]
+        """A digest of this rank's parameter and optimizer shards."""
+        return digest(t for _, param in self.named_params
+                      for t in (local(param), *map(local, self._param_state(param).values())))
+
+
+def digest(tensors: Iterable[torch.Tensor]) -> str:
+    """SHA-256 (first 16 hex digits) over the tensors' bytes, in order."""
+    found = hashlib.sha256()
+    for tensor in tensors:
+        flat = tensor.detach().to("cpu").contiguous().reshape(-1)
+        if flat.numel():  # hashed from its storage: no copy of the bytes first
+            found.update(memoryview(flat.view(torch.uint8).numpy()))
+    return found.hexdigest()[:16]

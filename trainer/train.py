@@ -260,15 +260,30 @@ class RankTrainer:
                   f"applied in {live.last_load_s:.2f}s"
                   + (f"; {len(fetch.failed)} source(s) dropped: {fetch.failed}" if fetch.failed else ""))
 
+    def note_quorum(self, quorum_id: int, step: int, participants: int, at_step: int) -> None:
+        """A quorum event and line when the quorum changed."""
+        if quorum_id != self.quorum_id:
+            self.sink.emit(QuorumEvent, quorum_id=quorum_id, previous_quorum_id=self.quorum_id, step=step,
+                           participants=participants)
+            self._say(f"quorum {quorum_id}: {participants} group(s) training at step {at_step}")
+            self.quorum_id = quorum_id
+
     def report(self, o: StepOutcome) -> None:
         """The step's events (quorum change, heal, the step, a failed commit) and its progress line."""
-        if o.quorum_id != self.quorum_id:
-            self.sink.emit(QuorumEvent, quorum_id=o.quorum_id, previous_quorum_id=self.quorum_id, step=o.step,
-                           participants=o.participants)
-            self._say(f"quorum {o.quorum_id}: {o.participants} group(s) training at step {o.trained_step}")
-            self.quorum_id = o.quorum_id
+        self.note_quorum(o.quorum_id, o.step, o.participants, o.trained_step)
         if o.healed:
             self._report_heal(o.healed_step)
+        self.emit_step(o)
+        if o.check is not None and o.check.incidents:
+            self._report_incidents(o)
+        if not o.committed:
+            self.sink.emit(CommitFailedEvent, step=o.trained_step, quorum_id=o.quorum_id, error=o.error)
+            self._say(f"step {o.trained_step} not committed: {o.error or 'too few replicas'}")
+        elif o.step % self.cfg.log_every == 0:
+            self._say(f"step {o.step:>5}  loss {_fmt(o.loss)}  {o.participants} group(s)  "
+                      f"{len(o.samples)} samples  {o.step_s:.2f}s/step (all-reduce {o.allreduce_s:.2f}s)")
+
+    def emit_step(self, o: StepOutcome) -> None:
         self.sink.emit(
             StepEvent, step=o.step, committed=o.committed, loss=_finite(o.loss), lr=o.lr, step_s=o.step_s,
             compute_s=o.compute_s, allreduce_s=o.allreduce_s, commit_s=o.commit_s, quorum_id=o.quorum_id,
@@ -280,14 +295,6 @@ class RankTrainer:
             shard_update_norm=_finite(o.shard_update_norm), skipped=o.skipped, rerun_s=o.rerun_s,
             checkpoint_stall_s=self.r.fence.take(),
         )
-        if o.check is not None and o.check.incidents:
-            self._report_incidents(o)
-        if not o.committed:
-            self.sink.emit(CommitFailedEvent, step=o.trained_step, quorum_id=o.quorum_id, error=o.error)
-            self._say(f"step {o.trained_step} not committed: {o.error or 'too few replicas'}")
-        elif o.step % self.cfg.log_every == 0:
-            self._say(f"step {o.step:>5}  loss {_fmt(o.loss)}  {o.participants} group(s)  "
-                      f"{len(o.samples)} samples  {o.step_s:.2f}s/step (all-reduce {o.allreduce_s:.2f}s)")
 
     def _report_incidents(self, o: StepOutcome) -> None:
         for i in o.check.incidents:
@@ -322,13 +329,7 @@ class RankTrainer:
     def after_commit(self, step: int) -> None:
         """The components that act on committed steps, each on its own interval."""
         self.fingerprinter.after_commit(step)
-        checkpointer = self.r.checkpointer
-        if checkpointer and checkpointer.due(step) and self.r.manager.participating_rank() == 0:
-            self.r.beacon.enter("checkpoint")
-            stall_s, saved = checkpointer.save(step)
-            self.r.fence.stall_s += stall_s
-            self.r.beacon.enter("compute")
-            self._report_saved(saved)
+        self.save_due(step - 1, step)
 
     def _report_saved(self, saved: list[Saved]) -> None:
         for s in saved:
@@ -347,6 +348,16 @@ class RankTrainer:
         flag = torch.tensor([1.0 if stop.requested else 0.0], device=self.training.device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         return bool(flag.item())
+
+    def save_due(self, since: int, step: int) -> None:
+        """A checkpoint when one is due between committed steps ``since`` and ``step``."""
+        checkpointer = self.r.checkpointer
+        if checkpointer and checkpointer.due(step, since) and self.r.manager.participating_rank() == 0:
+            self.r.beacon.enter("checkpoint")
+            stall_s, saved = checkpointer.save(step)
+            self.r.fence.stall_s += stall_s
+            self.r.beacon.enter("compute")
+            self._report_saved(saved)
 
     def train(self, stop: StopRequest) -> str:
         while self.r.manager.current_step() < self.cfg.steps:
@@ -388,6 +399,8 @@ class RankTrainer:
         self.sink.close()
         self.r.beacon.close()
         self.r.hooks.close()
+        if self.r.semi:
+            self.r.semi.close()
         if self.r.watch:
             self.r.watch.close()
         dist.destroy_process_group()
@@ -417,7 +430,13 @@ def run(cfg: TrainerConfig, process_start: float, forked: bool = False) -> int:
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     stop = StopRequest()
     stop.install()
-    trainer = RankTrainer(build_rank(cfg, process_start, stop, forked))
+    rank = build_rank(cfg, process_start, stop, forked)
+    if rank.semi is not None:
+        from trainer.window_loop import WindowTrainer  # which builds on RankTrainer
+
+        trainer = WindowTrainer(rank)
+    else:
+        trainer = RankTrainer(rank)
     try:
         reason = trainer.train(stop)
     except Exception as err:
