@@ -14,7 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from protocol.events import parse_event
 from protocol.layout import GroupLayout
+from service.controlplane.coverage import CoverageLedger
+from service.controlplane.db import Store
 from service.proctree import end_tree, signal_tree, wait_gone
 
 REPO = Path(__file__).resolve().parents[1]
@@ -141,3 +144,26 @@ def kill_together(groups: list[TrainerGroup]) -> float:
         g.proc.wait(timeout=30)
     assert not wait_gone(pids, 30), "processes survived SIGKILL"
     return when
+
+
+SMALL = ["--ranks-per-group", "2", "--seq-len", "64", "--local-batch-size", "1", "--log-every", "5",
+         "--fingerprint-every", "1"]
+
+
+def job_args(lighthouse: str, tmp_path: Path, groups: int, steps: int, *extra: str) -> list[str]:
+    return ["--lighthouse", lighthouse, "--groups", str(groups), "--steps", str(steps),
+            "--events-dir", str(tmp_path / "events"), *SMALL, *extra]
+
+
+def fingerprints(events: list[dict], group: int) -> dict[tuple[int, int], str]:
+    return {(e["step"], e["rank"]): e["digest"] for e in events
+            if e["type"] == "fingerprint" and e["group"] == group}
+
+
+def coverage(events: list[dict], tmp_path: Path):
+    """The control plane's coverage ledger fed every step event the ranks wrote."""
+    ledger = CoverageLedger(Store(tmp_path / "coverage.db"))
+    with ledger.store.transaction():
+        for e in sorted((e for e in events if e["type"] == "step"), key=lambda e: e["ts"]):
+            ledger.observe(parse_event(json.dumps(e)))
+    return ledger.totals()

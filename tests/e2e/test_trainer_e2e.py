@@ -2,29 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import re
 import statistics
 import time
-from pathlib import Path
 
-from cluster import committed_steps, kill_together, read_events, wait_for
-from protocol.events import parse_event
-from service.controlplane.coverage import CoverageLedger
-from service.controlplane.db import Store
-
-SMALL = ["--ranks-per-group", "2", "--seq-len", "64", "--local-batch-size", "1", "--log-every", "5",
-         "--fingerprint-every", "1"]
-
-
-def job_args(lighthouse: str, tmp_path: Path, groups: int, steps: int, *extra: str) -> list[str]:
-    return ["--lighthouse", lighthouse, "--groups", str(groups), "--steps", str(steps),
-            "--events-dir", str(tmp_path / "events"), *SMALL, *extra]
-
-
-def fingerprints(events: list[dict], group: int) -> dict[tuple[int, int], str]:
-    return {(e["step"], e["rank"]): e["digest"] for e in events
-            if e["type"] == "fingerprint" and e["group"] == group}
+from cluster import committed_steps, coverage, fingerprints, job_args, kill_together, read_events, wait_for
 
 
 def test_one_group_loss_goes_down_on_the_real_corpus(lighthouse, groups, tmp_path):
@@ -94,15 +76,6 @@ def test_kill_a_group_survivor_keeps_training_and_relaunch_heals_bitwise(lightho
         "alone, the survivor trains the whole global batch (two microbatches a rank)"
     planned, once, twice, skipped = coverage(events, tmp_path)
     assert (once, twice, skipped) == (planned, 0, 0) and planned >= 4 * 15, "every sample trained once"
-
-
-def coverage(events: list[dict], tmp_path: Path):
-    """The control plane's coverage ledger fed every step event the ranks wrote."""
-    ledger = CoverageLedger(Store(tmp_path / "coverage.db"))
-    with ledger.store.transaction():
-        for e in sorted((e for e in events if e["type"] == "step"), key=lambda e: e["ts"]):
-            ledger.observe(parse_event(json.dumps(e)))
-    return ledger.totals()
 
 
 def test_shrink_skips_exactly_the_share_of_a_missing_group(lighthouse, groups, tmp_path):

@@ -1,0 +1,75 @@
+"""--sync diloco|localsgd with real processes: torchrun groups, FSDP2, torchft's DiLoCo, a real Lighthouse."""
+
+from __future__ import annotations
+
+import time
+from cluster import committed_steps, coverage, fingerprints, job_args, read_events, wait_for
+
+
+
+def syncs(events: list[dict], group: int, since: float = 0.0) -> list[dict]:
+    return [e for e in events if e["type"] == "sync" and e["group"] == group and e["rank"] == 0 and e["ts"] >= since]
+
+
+def test_diloco_groups_sync_survive_a_kill_between_syncs_and_a_rejoined_group_equals_the_others(
+        lighthouse, groups, tmp_path):
+    events_dir = tmp_path / "events"
+    args = job_args(lighthouse, tmp_path, 2, 10_000, "--sync", "diloco", "--sync-every", "5")
+    g0, g1 = groups(0, args).start(), groups(1, args).start()
+
+    def synced_together(n: int, since: float = 0.0):
+        ev = read_events(events_dir)
+        return all(len([s for s in syncs(ev, g, since) if s["committed"] and s["members"] == 2]) >= n for g in (0, 1))
+
+    wait_for(lambda: synced_together(2), 240, "both groups to commit 2 syncs together")
+    killed_at = g1.kill()
+    wait_for(lambda: len([s for s in syncs(read_events(events_dir, 0), 0, killed_at) if s["committed"]]) >= 2, 90,
+             "group 0 to commit 2 syncs alone")
+    after_kill = syncs(read_events(events_dir, 0), 0, killed_at)
+    failed = [s for s in after_kill if not s["committed"]]
+    assert len(failed) <= 1, f"the survivor lost {len(failed)} syncs: {failed}"
+    assert all(s["participants"] == 1 for s in after_kill if s["committed"])
+
+    relaunched_at = time.time()
+    g1.start()
+    wait_for(lambda: synced_together(2, relaunched_at), 240, "group 1 to rejoin and commit 2 syncs with group 0")
+    g1.stop()
+    g0.stop()
+
+    events = read_events(events_dir)
+    joined = [s for s in syncs(events, 1, relaunched_at) if s["joined"]]
+    assert joined and joined[0]["healed"] and joined[0]["committed"], joined
+    rejoined_at = joined[0]["step"]
+    fp0, fp1 = fingerprints(events, 0), fingerprints(events, 1)
+    shared = sorted(set(fp0) & set(fp1))
+    assert any(step >= rejoined_at for step, _ in shared) and any(step < rejoined_at for step, _ in shared)
+    mismatched = [k for k in shared if fp0[k] != fp1[k]]
+    assert not mismatched, f"the last synced state differs at (step, rank) {mismatched[:5]}"
+    inner = [e for e in events if e["type"] == "step" and e["rank"] == 0]
+    assert inner and all(e["commit_s"] == 0.0 for e in inner), "inner steps wait on no other group"
+    assert all(s["bytes"] > 0 and s["seconds"] >= 0 for s in syncs(events, 0) if not s["joined"])
+    planned, once, twice, skipped = coverage(events, tmp_path)
+    assert (once, twice, skipped) == (planned, 0, 0) and planned >= 4 * 20, "every sample trained once"
+
+
+def test_localsgd_shrink_a_kill_between_syncs_costs_the_survivor_no_step(lighthouse, groups, tmp_path):
+    """--batch-policy shrink: the survivor's window commits at its sync without the killed group,
+    whose shares of it are skipped and counted; the survivor loses no inner step."""
+    events_dir = tmp_path / "events"
+    args = job_args(lighthouse, tmp_path, 2, 10_000, "--sync", "localsgd", "--sync-every", "4", "--batch-policy",
+                    "shrink", "--ranks-per-group", "1", "--local-batch-size", "2")
+    g0, g1 = groups(0, args).start(), groups(1, args).start()
+    wait_for(lambda: all(len([s for s in syncs(read_events(events_dir), g) if s["committed"] and s["members"] == 2])
+                         >= 2 for g in (0, 1)), 240, "both groups to commit 2 syncs together")
+    killed_at = g1.kill()
+    wait_for(lambda: len([s for s in syncs(read_events(events_dir, 0), 0, killed_at) if s["committed"]]) >= 2, 90,
+             "group 0 to commit 2 syncs alone")
+    g0.stop()
+    events = read_events(events_dir)
+    after = [e for e in events if e["type"] == "step" and e["group"] == 0 and e["rank"] == 0 and e["ts"] >= killed_at]
+    assert after and all(e["committed"] for e in after), [e for e in after if not e["committed"]]
+    assert all(not s.get("error") for s in syncs(events, 0, killed_at))
+    planned, once, twice, skipped = coverage(events, tmp_path)
+    steps = {e["step"]: e for g in (0, 1) for e in committed_steps(events, g) if e["consumed"]}
+    halves = [step for step, e in steps.items() if e["step_samples"] == 2]  # alone: its own half of the batch
+    assert twice == 0 and skipped == 2 * len(halves) > 0 and once == planned - skipped
