@@ -100,6 +100,22 @@ class SyncOutcome:
     error: str | None
 
 
+class OuterSGD(torch.optim.SGD):
+    """torch's SGD as DiLoCo's outer optimizer, taking no step on a pseudo-gradient of zeros: a
+    sync where every group joined without training (all of them back from a checkpoint), where
+    SGD's momentum alone would move the parameters away from the checkpoint's. ``in_group``
+    (set once the group's process group exists) makes the group's ranks agree."""
+
+    in_group: Callable[[bool], bool] | None = None
+
+    def step(self, closure: Any = None) -> Any:
+        if self.in_group is not None:
+            moved = any(p.grad is not None and bool(local(p.grad).any()) for g in self.param_groups for p in g["params"])
+            if not self.in_group(moved):
+                return None
+        return super().step(closure)
+
+
 class SemiSync:
     """torchft's DiLoCo over this group's model, and the window and synced point around it.
 
@@ -117,8 +133,8 @@ class SemiSync:
         self.policy = policy
         self.fragments = fragment_model(model, settings.fragments)
         rate, momentum = (1.0, 0.0) if settings.mode == "localsgd" else (settings.outer_lr, settings.outer_momentum)
-        self.outer = [torch.optim.SGD([p for p in f.parameters() if p.requires_grad], lr=rate, momentum=momentum,
-                                      nesterov=momentum > 0) for f in self.fragments]
+        self.outer = [OuterSGD([p for p in f.parameters() if p.requires_grad], lr=rate, momentum=momentum,
+                               nesterov=momentum > 0) for f in self.fragments]
         materialize_optimizer_state(self.outer)  # a heal or a checkpoint load copies into it
         self.names = {p: name for name, p in model.named_parameters()}
         self.step = 0
@@ -140,6 +156,8 @@ class SemiSync:
         from torchft.local_sgd import DiLoCo
 
         self.manager, self.internals, self.beacon, self.group_norm = manager, internals, beacon, group_norm
+        for outer in self.outer:
+            outer.in_group = lambda moved: group_norm([torch.tensor([float(moved)])]) > 0
         self.inner.register_step_post_hook(self._after_inner_step)  # runs before DiLoCo's own post hook
         self.diloco = DiLoCo(manager, self.fragments, self.inner, self.outer, sync_every=self.settings.sync_every)
         self.diloco.__enter__()

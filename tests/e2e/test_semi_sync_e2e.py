@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from cluster import committed_steps, coverage, fingerprints, job_args, read_events, wait_for
+from cluster import committed_steps, coverage, fingerprints, job_args, kill_together, read_events, wait_for
 
 
 
@@ -73,3 +73,29 @@ def test_localsgd_shrink_a_kill_between_syncs_costs_the_survivor_no_step(lightho
     steps = {e["step"]: e for g in (0, 1) for e in committed_steps(events, g) if e["consumed"]}
     halves = [step for step, e in steps.items() if e["step_samples"] == 2]  # alone: its own half of the batch
     assert twice == 0 and skipped == 2 * len(halves) > 0 and once == planned - skipped
+
+
+def test_diloco_groups_all_back_from_a_checkpoint_resume_its_synced_state_exactly(lighthouse, groups, tmp_path):
+    """Checkpoints are written at syncs: the last synced parameters and the outer optimizer's
+    momentum. Every group killed, every group back: they join at the checkpoint's step, with the
+    very state its sync had (the fingerprint of the checkpoint's step, before and after)."""
+    events_dir, ckpt = tmp_path / "events", tmp_path / "ckpt"
+    args = job_args(lighthouse, tmp_path, 2, 10_000, "--sync", "diloco", "--sync-every", "5", "--checkpoint-dir",
+                    str(ckpt), "--checkpoint-every", "10", "--no-checkpoint-async")
+    first = [groups(g, args).start() for g in (0, 1)]
+    wait_for(lambda: len(list(ckpt.glob("step-*"))) >= 2, 300, "two checkpoints")
+    kill_together(first)
+    step = int(sorted(ckpt.glob("step-*"))[-1].name.removeprefix("step-"))
+    before = fingerprints(read_events(events_dir), 0)
+    restarted_at = time.time()
+    second = [groups(g, args).start() for g in (0, 1)]
+    wait_for(lambda: all(any(s["committed"] and not s["joined"] for s in syncs(read_events(events_dir), g,
+                                                                              restarted_at)) for g in (0, 1)),
+             300, "both groups to commit a sync after the restart")
+    for g in second:
+        g.stop()
+    events = [e for e in read_events(events_dir) if e["ts"] >= restarted_at]
+    assert {e["resumed_step"] for e in events if e["type"] == "start"} == {step}
+    after = {(e["step"], e["rank"]): e["digest"] for e in events if e["type"] == "fingerprint"}
+    assert after[(step, 0)] == before[(step, 0)] and after[(step, 1)] == before[(step, 1)]
+    assert min(e["step"] for g in (0, 1) for e in committed_steps(events, g)) == step + 1
