@@ -21,6 +21,7 @@ from protocol.events import (
     HealEvent,
     ProcessEvent,
     SdcEvent,
+    SyncEvent,
     StartEvent,
     StepEvent,
     StragglerEvent,
@@ -89,6 +90,8 @@ class GroupView:
     """the detector's flag, while it stands"""
     last_sdc: SdcEvent | None = None
     """the gradient check's latest incident in this group"""
+    last_sync: SyncEvent | None = None
+    """its rank 0's latest sync across groups (``--sync localsgd|diloco``)"""
     exit_detail: str | None = None
     """why its processes last ended, as its agent said (a crash: the last error line of its log)"""
     trained: bool = False
@@ -141,6 +144,8 @@ class GroupView:
                 self.straggler = event if event.action == "flagged" else None
             case SdcEvent():
                 self.last_sdc = event
+            case SyncEvent() if speaks_for_group(event):
+                self.last_sync = event
 
     def apply(self, transition: Transition) -> None:
         self.transition = transition
@@ -177,7 +182,7 @@ class GroupBoard:
             view.apply(Transition(t["state"], t["reason"], t["ts"]))
         for type_, rank, where in (("process", None, "json_extract(body, '$.action') != 'started'"),
                                    ("process", None, None), ("heal", 0, None), ("straggler", None, None),
-                                   ("sdc", 0, None), ("step", 0, "json_extract(body, '$.committed') = 1 AND "
+                                   ("sdc", 0, None), ("sync", 0, None), ("step", 0, "json_extract(body, '$.committed') = 1 AND "
                                                                 "json_extract(body, '$.samples') > 0"),
                                    ("step", 0, "json_extract(body, '$.committed') = 1")):
             latest = self.store.latest_event(g, type_, rank=rank, where_json=where)

@@ -35,6 +35,7 @@ from protocol.events import (
     StartEvent,
     StepEvent,
     StragglerEvent,
+    SyncEvent,
     Verdict,
     speaks_for_group,
 )
@@ -99,6 +100,17 @@ class JobMetrics:
                                      "a gradient failed the check", ["group"], registry=r)
         self.grad_norm = Gauge("ftctl_gradient_norm", "the group's own gradient norm at its last step, before it "
                                "crossed groups (NaN: not finite)", ["group"], registry=r)
+        self.syncs = Counter("ftctl_syncs_total", "syncs across groups (--sync localsgd|diloco) groups' rank 0 "
+                             "took part in, by result", ["result"], registry=r)
+        for result in ("committed", "failed"):
+            self.syncs.labels(result)
+        self.sync_seconds = Histogram("ftctl_sync_duration_seconds", "a sync across groups (rank 0 of every group): "
+                                      "waiting for the others, the quorum, a heal, the all-reduce of the "
+                                      "pseudo-gradients, the outer step", buckets=HEAL_BUCKETS, registry=r)
+        self.sync_bytes = Counter("ftctl_sync_bytes_total", "pseudo-gradient bytes groups' rank 0 sent into syncs' "
+                                  "all-reduces", registry=r)
+        self.drift = Gauge("ftctl_sync_drift", "norm of the group's pseudo-gradient at its last sync: how far its "
+                           "window moved it from the last synced parameters", ["group"], registry=r)
         self.partitions = Counter("ftctl_partition_actions_total", "groups the control plane evicted because they did "
                                   "not reach other groups (a partition), and rejoined once they did", ["action"],
                                   registry=r)
@@ -162,6 +174,12 @@ class JobMetrics:
                     of[self.skipped_steps].inc()
                 if e.grad_norm is not None or e.skipped:
                     self.grad_norm.labels(g).set(e.grad_norm if e.grad_norm is not None else math.nan)
+            case SyncEvent():
+                self.syncs.labels("committed" if e.committed else "failed").inc()
+                self.sync_seconds.observe(e.seconds)
+                self.sync_bytes.inc(e.bytes)
+                if e.drift is not None:
+                    self.drift.labels(g).set(e.drift)
             case HealEvent():
                 of[self.heals].inc()
                 self.heal_seconds.observe(e.fetch_s + e.load_s)

@@ -51,6 +51,19 @@ class SdcIncidentOut(BaseModel):
     reference_norm: float | None = Field(description="the other groups' median")
 
 
+class SyncOut(BaseModel):
+    """The group's latest sync across groups (``--sync localsgd|diloco``: its ``sync`` event)."""
+
+    ts: float
+    step: int = Field(description="inner steps committed after it")
+    outer_step: int = Field(description="syncs committed after it")
+    committed: bool
+    seconds: float = Field(description="waiting for the other groups, the quorum, a heal, the all-reduce, the outer step")
+    bytes: int = Field(description="its rank 0's pseudo-gradient")
+    drift: float | None = Field(description="norm of its pseudo-gradient; null at a join")
+    participants: int
+
+
 class GroupOut(BaseModel):
     group: int
     state: Shown
@@ -72,6 +85,7 @@ class GroupOut(BaseModel):
     restarts: int = 0
     straggler: StragglerOut | None = Field(None, description="set while the detector flags the group")
     last_sdc: SdcIncidentOut | None = Field(None, description="the gradient check's latest incident in the group")
+    last_sync: SyncOut | None = Field(None, description="its latest sync across groups (--sync localsgd|diloco)")
     transitions: list[TransitionOut] | None = Field(None, description="every transition (GET /groups/{g} only)")
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from service.controlplane.groups import GroupView
-from service.controlplane.models import GroupOut, HealOut, SdcIncidentOut, StragglerOut, TransitionOut
+from service.controlplane.models import GroupOut, HealOut, SdcIncidentOut, StragglerOut, SyncOut, TransitionOut
 
 SECRET_FIELDS = ("replica_id", "manager_address", "store_address")
 
@@ -16,7 +16,7 @@ def redacted(fields: dict) -> dict:
 def group_out(view: GroupView, with_transitions: bool = False) -> GroupOut:
     t = view.transition
     heal = view.last_heal
-    flag, sdc = view.straggler, view.last_sdc
+    flag, sdc, sync = view.straggler, view.last_sdc, view.last_sync
     return GroupOut(
         group=view.group, state=view.state, down_reason=view.down_reason, down_detail=view.down_detail,
         since=t.ts if t else None, step=view.step, loss=view.loss, diverged=view.diverged, participants=view.participants,
@@ -29,6 +29,9 @@ def group_out(view: GroupView, with_transitions: bool = False) -> GroupOut:
         if flag else None,
         last_sdc=SdcIncidentOut(ts=sdc.ts, step=sdc.step, verdict=sdc.verdict, action=sdc.action,
                                 norm=sdc.norms.get(view.group), reference_norm=sdc.reference_norm) if sdc else None,
+        last_sync=SyncOut(ts=sync.ts, step=sync.step, outer_step=sync.outer_step, committed=sync.committed,
+                          seconds=sync.seconds, bytes=sync.bytes, drift=sync.drift, participants=sync.participants)
+        if sync else None,
         transitions=[TransitionOut(state=h.state, reason=h.reason, ts=h.ts) for h in view.history]
         if with_transitions else None,
     )

@@ -1,7 +1,7 @@
 // The control plane's own live page: no framework, no CDN, everything from this server.
 "use strict";
 const COLORS = ["#58a6ff", "#3fb950", "#d29922", "#bc8cff", "#f85149", "#39c5cf"];
-const NOTABLE = new Set(["process", "heal", "quorum", "commit_failed", "checkpoint", "exit", "straggler", "partition", "sdc"]);
+const NOTABLE = new Set(["process", "heal", "quorum", "commit_failed", "checkpoint", "exit", "straggler", "partition", "sdc", "sync"]);
 const SDC_BADGE_S = 600;  // a group's latest gradient-check incident stays on its card this long
 const series = { loss: new Map(), step_s: new Map() };  // group -> [[step, value]]
 const API = "/api/v1";  // protocol/api.py's PREFIX: every path below is relative to it, as there
@@ -119,8 +119,11 @@ function fillCard(card, g) {
   card.querySelector(".step").textContent = g.step ?? "–";
   const heal = g.last_heal ? `last heal: step ${g.last_heal.step} from g${g.last_heal.source_group}, ` +
     `${(g.last_heal.bytes / 2 ** 20).toFixed(0)} MiB in ${g.last_heal.fetch_s.toFixed(2)}s, ${age(g.last_heal.ts)} ago` : "no heal yet";
+  const sync = g.last_sync ? `<br>sync ${g.last_sync.outer_step} at step ${g.last_sync.step}` +
+    `${g.last_sync.committed ? "" : " (failed)"}: ${g.last_sync.seconds.toFixed(2)}s, ` +
+    `${(g.last_sync.bytes / 2 ** 20).toFixed(0)} MiB, drift ${fmt(g.last_sync.drift)}, ${age(g.last_sync.ts)} ago` : "";
   card.querySelector(".meta").innerHTML =
-    `loss ${g.diverged ? '<b class="diverged">NaN: diverged</b>' : g.loss?.toFixed(3) ?? "-"} · ${g.participants ?? "-"} groups · quorum ${g.quorum_id ?? "-"} · ${g.state} for ${age(g.since)}<br>${heal}`;
+    `loss ${g.diverged ? '<b class="diverged">NaN: diverged</b>' : g.loss?.toFixed(3) ?? "-"} · ${g.participants ?? "-"} groups · quorum ${g.quorum_id ?? "-"} · ${g.state} for ${age(g.since)}<br>${heal}${sync}`;
   const why = card.querySelector(".why");
   why.hidden = !g.down_detail;
   why.textContent = g.down_detail ?? "";
@@ -210,6 +213,8 @@ function describe(e) {
     case "exit": return `exit: ${e.reason} at step ${e.step}`;
     case "straggler": return `straggler ${e.action}: ${e.detail}`;
     case "partition": return `partition: ${e.action}, ${e.detail}`;
+    case "sync": return `sync ${e.outer_step} at step ${e.step}: ${e.committed ? "committed" : "failed"}` +
+      `${e.joined ? " (joined)" : ""}, ${e.participants} groups, ${e.seconds.toFixed(2)}s` + (e.error ? `: ${e.error}` : "");
     case "sdc": return `gradient check at step ${e.step}: norm ${fmt(e.norms[e.group])} against the others' ${fmt(e.reference_norm)}; ` +
       `rerun ${fmt(e.rerun_norm)}, group ${e.checker_group ?? "-"}'s ${fmt(e.checker_norm)}: ${e.verdict}, ${e.action}`;
     default: return e.type;
@@ -218,6 +223,7 @@ function describe(e) {
 
 function addTimeline(e) {
   if (!NOTABLE.has(e.type) || (e.rank !== undefined && e.rank !== null && e.rank !== 0)) return;
+  if (e.type === "sync" && e.committed && !e.joined) return;  // a sync a window: only joins and failures are news
   const li = document.createElement("li");
   const time = new Date(e.ts * 1000).toLocaleTimeString();
   li.innerHTML = `<span class="t">${time}</span><span class="k ${e.type}">g${e.group} ${e.type}</span>`;
