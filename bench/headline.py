@@ -86,6 +86,19 @@ def rows() -> list[tuple[str, str, str]]:
                 f" of {len(off['cut'])} cuts, and an isolated host cost {st.median(off_isolate):.2f} s median "
                 f"({span(off_isolate, '.2f')} s)", f))
 
+    f = "slow-link-20261207T195455Z.json"
+    runs = load(f)["runs"]
+    at = {sync: [r for r in runs if r["sync"] == sync and r["link_mbit"] == 100] for sync in ("hsdp", "diloco")}
+    out.append(("Two groups whose link is 100 Mbit/s: DiLoCo (`--sync diloco`, a sync every 20 steps) vs synchronous "
+                "HSDP, throughput as a share of each mode's own on a 10 Gbit/s link",
+                f"DiLoCo {at['diloco'][0]['throughput_vs_fastest_link']:.0%} "
+                f"({at['diloco'][0]['tokens_per_s']:,.0f} tokens/s, {at['diloco'][0]['bytes_per_step'] / 1e6:.1f} MB "
+                f"a step) vs HSDP {at['hsdp'][0]['throughput_vs_fastest_link']:.0%} "
+                f"({at['hsdp'][0]['tokens_per_s']:,.0f} tokens/s, {at['hsdp'][0]['bytes_per_step'] / 1e6:.1f} MB a "
+                f"step); loss after 80 steps {at['diloco'][0]['loss_at_end']:.2f} vs {at['hsdp'][0]['loss_at_end']:.2f}"
+                " ([workloads.md](docs/workloads.md#slow-links-between-groups-semi-synchronous-training-diloco-localsgd))",
+                f))
+
     f = "recovery-20261207T063628Z.json"
     d = load(f)
     ft, classic = ([r["kill_to_full_s"] for r in d[path]] for path in ("torchft", "classic"))
