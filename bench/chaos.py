@@ -1,6 +1,7 @@
 """Goodput under failures on a live job, and the ledger's projection from the measured recovery.
 
-    python -m bench.chaos --mtbf 30 --duration 300 [--spares [--failover]] [--join-timeout-ms 200]
+    python -m bench.chaos --mtbf 30 --duration 300 [--spares [--failover]] [--join-timeout-ms 200] \
+        [--sync diloco --sync-every 20]
 
 Starts `ftctl up`, runs one kill-heal drill (so GET /goodput has measured times), then
 the chaos drill, and prints the chaos report and the ledger's answers at 1,024 and 16,384 GPUs.
@@ -22,10 +23,14 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--rejoin-delay", type=float, default=5.0)
     parser.add_argument("--baseline", type=float, default=60.0)
+    parser.add_argument("--sync", choices=["hsdp", "diloco", "localsgd"], default="hsdp",
+                        help="how the groups train together (the trainer's --sync)")
+    parser.add_argument("--sync-every", type=int, default=20, help="diloco, localsgd: inner steps between syncs")
     add_recovery_options(parser)
     args = parser.parse_args()
     up = Up(Path(tempfile.mkdtemp(prefix="ftbench-chaos-")) / "state", args.groups, args.ranks_per_group,
-            ["--fingerprint-every=5"], **recovery_settings(args))
+            ["--fingerprint-every=5", f"--sync={args.sync}",
+             *([f"--sync-every={args.sync_every}"] if args.sync != "hsdp" else [])], **recovery_settings(args))
     try:
         up.wait_training()
         heal = up.drill({"kind": "kill-heal", "group": args.groups - 1})
