@@ -185,7 +185,7 @@ def build_rank(cfg: TrainerConfig, process_start: float, stop, forked: bool = Fa
     semi = None
     if training.sync.semi_sync:
         semi = SemiSync(training.sync, training.model, training.optimizers, training.schedulers, training.position,
-                        training.live, training.plan.policy)
+                        training.live, training.plan.policy, cfg.group, cfg.sdc_factor if cfg.sdc_check else None)
 
     def restore(state: dict) -> None:
         training.live.restore_checkpoint(state)
@@ -232,7 +232,7 @@ def build_rank(cfg: TrainerConfig, process_start: float, stop, forked: bool = Fa
     watch = watch_collectives(cfg, manager)
     replicate = check = ft_optimizer = None
     if semi is not None:
-        semi.attach(manager, internals, beacon, lambda shards: group_norm(shards, device))
+        semi.attach(manager, internals, beacon, lambda shards: group_norm(shards, device), tamper=hooks.corrupt)
     else:
         replicate = ReplicateAllReduce(manager, beacon, defer=cfg.sdc_check, tamper=hooks.corrupt, watch=watch)
         replicate.install(training.model)

@@ -20,6 +20,10 @@ What this module adds to torchft's class, for what the service promises:
   ``shrink`` a missing group's shares are skipped, and counted.
 - the **synced point**: the step count, data position and LR schedule of the last committed
   sync. A failed sync restores them, as torchft restores the parameters; a heal copies them.
+- the **pseudo-gradient check** (``--sdc-check``): at each sync, after the all-reduce and before
+  the commit, the groups exchange their pseudo-gradients' norms and judge them as the gradient
+  check judges gradients (``trainer/gradient_check.py``); an abnormal one refuses the sync in
+  every group, so nothing of it reaches the outer step and the window is trained again.
 - **joining at a sync** (:meth:`SemiSync.join`): a group without a window (every group at its
   start, a restarted one) asks for a quorum at once and waits in it until the others reach their
   sync; there it heals from them, adds nothing to the sync's average
@@ -28,20 +32,42 @@ What this module adds to torchft's class, for what the service promises:
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
+from torch.distributed import ReduceOp
 from torch.distributed.tensor import DTensor
 
 from protocol.job import BatchPolicy
+from trainer.gradient_check import filled_slots, judge
 from trainer.job import SyncSettings
 from trainer.state import LiveState, TrainingPosition, digest, local, materialize_optimizer_state
 
 
 class WindowIncomplete(RuntimeError):
     """A group that trained the window is missing from its sync: its shares were not trained."""
+
+
+class PseudoGradientAbnormal(RuntimeError):
+    """A group's pseudo-gradient failed the check: the sync is refused in every group."""
+
+
+def pseudo_gradient_veto(exchanged: list[float], slots: int, factor: float) -> str | None:
+    """Why the sync may not commit, judged from the exchanged norms (``gradient_check``'s layout:
+    norms, then group + 1 per slot; a slot nobody filled is no norm)."""
+    filled = filled_slots(exchanged, slots)
+    judgement = judge([g for _, g, _ in filled], [n for _, _, n in filled], factor)
+    if not judgement.flagged:
+        return None
+    def said(i: int) -> str:
+        norm, reference = judgement.norms[i], judgement.reference
+        ratio = f"{norm / reference:.3g}x the others'" if reference and math.isfinite(norm) else "not finite"
+        return f"group {judgement.groups[i]}'s pseudo-gradient norm is {ratio}"
+
+    return "; ".join(map(said, judgement.flagged)) + ": the sync is refused in every group and the window trained again"
 
 
 @dataclass(frozen=True)
@@ -123,8 +149,12 @@ class SemiSync:
     Manager once that exists (:meth:`attach`)."""
 
     def __init__(self, settings: SyncSettings, model: torch.nn.Module, inner: Any, schedulers: Any,
-                 position: TrainingPosition, live: LiveState, policy: BatchPolicy):
+                 position: TrainingPosition, live: LiveState, policy: BatchPolicy, group: int,
+                 check_factor: float | None):
+        """``check_factor``: the pseudo-gradient check's factor (``--sdc-factor``); None: off."""
         self.settings = settings
+        self.group = group
+        self.check_factor = check_factor
         self.model = model
         self.inner = inner
         self.schedulers = schedulers
@@ -150,12 +180,16 @@ class SemiSync:
 
     # --- building
     def attach(self, manager: Any, internals: Any, beacon: Any,
-               group_norm: Callable[[list[torch.Tensor]], float]) -> None:
+               group_norm: Callable[[list[torch.Tensor]], float],
+               tamper: Callable[[torch.Tensor], bool] = lambda tensor: False) -> None:
         """Wrap the inner optimizer in torchft's DiLoCo (its hooks sync every H inner steps).
-        ``internals``: the Manager's :class:`trainer.fault_tolerance.ManagerInternals`."""
+        ``internals``: the Manager's :class:`trainer.fault_tolerance.ManagerInternals`;
+        ``tamper``: a drill's corruption, given each parameter shard before a sync until it
+        took one (where a bad chip's would land in the pseudo-gradient)."""
         from torchft.local_sgd import DiLoCo
 
         self.manager, self.internals, self.beacon, self.group_norm = manager, internals, beacon, group_norm
+        self.tamper = tamper
         for outer in self.outer:
             outer.in_group = lambda moved: group_norm([torch.tensor([float(moved)])]) > 0
         self.inner.register_step_post_hook(self._after_inner_step)  # runs before DiLoCo's own post hook
@@ -227,6 +261,8 @@ class SemiSync:
         """Before a sync: note where it starts from, start timing it, and measure this group's
         drift (the in-group norm of its pseudo-gradient)."""
         self._outer_before, self._applied_before = self.manager.current_step(), self.live.last_applied_at
+        with torch.no_grad():
+            any(self.tamper(local(p)) for p in self.model.parameters())
         self._drift = self.group_norm([t.to(local(p).device) - local(p).detach() for name, p in
                                        self.model.named_parameters() if (t := self.diloco_globals.get(name)) is not None])
         self.beacon.enter("allreduce")  # waiting on other groups: never this group's hang
@@ -268,8 +304,28 @@ class SemiSync:
             error=repr(error.original_exception) if error is not None else None)
 
     def _veto(self) -> Exception | None:
+        """Called in every group's ``should_commit`` of a sync, after its all-reduce: the
+        pseudo-gradients' norms are exchanged first, in every group alike (a collective), then
+        judged; the window's own veto comes before the check's."""
+        exchanged = self._exchange_drifts() if self.check_factor is not None else None
         why = window_veto(self.policy, self.window, self.internals.quorum_members)
-        return WindowIncomplete(why) if why else None
+        if why:
+            return WindowIncomplete(why)
+        if exchanged is not None and (why := pseudo_gradient_veto(exchanged, len(exchanged) // 2, self.check_factor)):
+            return PseudoGradientAbnormal(why)
+        return None
+
+    def _exchange_drifts(self) -> list[float] | None:
+        """A SUM all-reduce over the sync's participants of each one's drift in its slot (a group
+        that joined sends zeros, as torchft sends for a healing one); None when it failed."""
+        slots = self.manager.num_participants()
+        slot = self.manager.participating_rank() if self.manager.is_participating() else None
+        sent = [0.0] * (2 * slots)
+        if slot is not None and self._drift is not None and self.local == self.settings.every:
+            sent[slot], sent[slots + slot] = self._drift, float(self.group + 1)
+        tensor = torch.tensor(sent, dtype=torch.float64, device=next(self.model.parameters()).device)
+        self.manager.allreduce(tensor, reduce_op=ReduceOp.SUM).wait()
+        return None if self.manager.errored() else tensor.tolist()
 
 
 def fragment_model(model: torch.nn.Module, fragments: int) -> list[torch.nn.Module]:

@@ -3,12 +3,22 @@
 from __future__ import annotations
 
 import time
-from cluster import committed_steps, coverage, fingerprints, job_args, kill_together, read_events, wait_for
+from pathlib import Path
 
+from cluster import committed_steps, coverage, fingerprints, job_args, kill_together, read_events, wait_for
+from protocol.files import write_model
+from protocol.injection import Injection
+from protocol.layout import GroupLayout
 
 
 def syncs(events: list[dict], group: int, since: float = 0.0) -> list[dict]:
     return [e for e in events if e["type"] == "sync" and e["group"] == group and e["rank"] == 0 and e["ts"] >= since]
+
+
+def synced_together(events_dir: Path, n: int, since: float = 0.0) -> bool:
+    """Both groups committed ``n`` syncs of windows both trained, since ``since``."""
+    ev = read_events(events_dir)
+    return all(len([s for s in syncs(ev, g, since) if s["committed"] and s["members"] == 2]) >= n for g in (0, 1))
 
 
 def test_diloco_groups_sync_survive_a_kill_between_syncs_and_a_rejoined_group_equals_the_others(
@@ -16,12 +26,7 @@ def test_diloco_groups_sync_survive_a_kill_between_syncs_and_a_rejoined_group_eq
     events_dir = tmp_path / "events"
     args = job_args(lighthouse, tmp_path, 2, 10_000, "--sync", "diloco", "--sync-every", "5")
     g0, g1 = groups(0, args).start(), groups(1, args).start()
-
-    def synced_together(n: int, since: float = 0.0):
-        ev = read_events(events_dir)
-        return all(len([s for s in syncs(ev, g, since) if s["committed"] and s["members"] == 2]) >= n for g in (0, 1))
-
-    wait_for(lambda: synced_together(2), 240, "both groups to commit 2 syncs together")
+    wait_for(lambda: synced_together(events_dir, 2), 240, "both groups to commit 2 syncs together")
     killed_at = g1.kill()
     wait_for(lambda: len([s for s in syncs(read_events(events_dir, 0), 0, killed_at) if s["committed"]]) >= 2, 90,
              "group 0 to commit 2 syncs alone")
@@ -32,7 +37,7 @@ def test_diloco_groups_sync_survive_a_kill_between_syncs_and_a_rejoined_group_eq
 
     relaunched_at = time.time()
     g1.start()
-    wait_for(lambda: synced_together(2, relaunched_at), 240, "group 1 to rejoin and commit 2 syncs with group 0")
+    wait_for(lambda: synced_together(events_dir, 2, relaunched_at), 240, "group 1 to rejoin and commit 2 syncs with group 0")
     g1.stop()
     g0.stop()
 
@@ -99,3 +104,38 @@ def test_diloco_groups_all_back_from_a_checkpoint_resume_its_synced_state_exactl
     after = {(e["step"], e["rank"]): e["digest"] for e in events if e["type"] == "fingerprint"}
     assert after[(step, 0)] == before[(step, 0)] and after[(step, 1)] == before[(step, 1)]
     assert min(e["step"] for g in (0, 1) for e in committed_steps(events, g)) == step + 1
+
+
+def test_a_corrupted_pseudo_gradient_is_caught_before_the_outer_step_and_the_window_trained_again(
+        lighthouse, groups, tmp_path):
+    """A drill's corruption lands in group 0's parameters before a sync (so in its pseudo-gradient):
+    the norms exchanged after the all-reduce refuse the sync in both groups, nothing reaches the
+    outer step, the window is trained again and the groups stay equal."""
+    events_dir = tmp_path / "events"
+    args = job_args(lighthouse, tmp_path, 2, 10_000, "--sync", "diloco", "--sync-every", "5")
+    g0, g1 = groups(0, args).start(), groups(1, args).start()
+    wait_for(lambda: synced_together(events_dir, 2), 240, "both groups to commit 2 syncs together")
+    pids = [e["pid"] for e in read_events(events_dir, 0) if e["type"] == "start"]
+    injected_at = time.time()
+    write_model(events_dir / GroupLayout(0).injection,
+                Injection(id=1, kind="corrupt", rank=None, pids=pids, seconds=0.0, scale=1e4))
+
+    def refused_then_committed() -> bool:
+        ev = read_events(events_dir)
+        return all(any(not s["committed"] for s in syncs(ev, g, injected_at))
+                   and syncs(ev, g, injected_at)[-1]["committed"] for g in (0, 1))
+
+    wait_for(refused_then_committed, 120, "both groups to refuse a sync, then commit one")
+    events = read_events(events_dir)  # before the stops: the group left after one refuses a sync too
+    g0.stop()
+    g1.stop()
+    for g in (0, 1):
+        refused = [s for s in syncs(events, g, injected_at) if not s["committed"]]
+        assert len(refused) == 1 and "PseudoGradientAbnormal" in refused[0]["error"], refused
+        assert "group 0's pseudo-gradient norm is" in refused[0]["error"]
+    fp0, fp1 = fingerprints(events, 0), fingerprints(events, 1)
+    shared = sorted(set(fp0) & set(fp1))
+    assert any(step > refused[0]["step"] for step, _ in shared)
+    assert not [k for k in shared if fp0[k] != fp1[k]], "a corrupted outer step would part the groups"
+    planned, once, twice, skipped = coverage(events, tmp_path)
+    assert (once, twice, skipped) == (planned, 0, 0)
