@@ -328,7 +328,8 @@ class StreamTransport(CheckpointTransport[Any]):
             sources.append(source)
         if header is None:
             raise HealError(f"no peer served step {step}: " + "; ".join(f"{u}: {why}" for u, why in report.failed.items()))
-        tensors = self._receivers(header, report)
+        own = self.destination() if self.destination is not None else None  # built once: it may copy
+        tensors = self._receivers(header, report, own)
         report.header_s = time.perf_counter() - start
         work = _Work(pieces(header.tensor_bytes, len(sources), self.piece_bytes), [s.url for s in sources], report)
         receiving = _Receiving(step, header.tensors, [_host_bytes(t) for t in tensors], work, self.on_bytes)
@@ -349,24 +350,15 @@ class StreamTransport(CheckpointTransport[Any]):
         values, received = [], iter(tensors)
         for leaf in header.leaves:
             values.append(next(received) if leaf.tensor is not None else leaf.value)
-        return self._placed(tree_unflatten(values, treespec_loads(header.spec)))
+        return _placed(tree_unflatten(values, treespec_loads(header.spec)), own)
 
-    def _placed(self, state: Any) -> Any:
-        """The received state, each shard whose own counterpart is a DTensor (an optimizer's state
-        that ``load_state_dict`` keeps as given) wrapped as one, placed alike."""
-        if self.destination is None:
-            return state
-        leaves, spec = tree_flatten_with_path(state)
-        own = dict(tree_flatten_with_path(self.destination())[0])
-        return tree_unflatten([_like(value, own.get(path)) for path, value in leaves], spec)
-
-    def _receivers(self, header: HealHeader, report: FetchReport) -> list[torch.Tensor]:
-        """The tensors a heal lands in: this rank's own where :attr:`destination` matches the
-        header (host tensors in C order; any other is allocated), else new ones."""
+    def _receivers(self, header: HealHeader, report: FetchReport, state: Any) -> list[torch.Tensor]:
+        """The tensors a heal lands in: this rank's own (``state``, from :attr:`destination`)
+        where they match the header (host tensors in C order; any other is allocated), else new ones."""
         own: list[torch.Tensor] = []
-        if self.destination is not None:
+        if state is not None:
             try:
-                mine, own = describe(header.step, self.destination())
+                mine, own = describe(header.step, state)
             except TypeError:
                 mine = None
             if mine is None or _layout(mine)[1:] != _layout(header)[1:]:
@@ -385,6 +377,16 @@ class StreamTransport(CheckpointTransport[Any]):
         self._server.server_close()
         if wait:
             self._thread.join()
+
+
+def _placed(state: Any, own_state: Any) -> Any:
+    """The received state, each shard whose own counterpart is a DTensor (an optimizer's state
+    that ``load_state_dict`` keeps as given) wrapped as one, placed alike."""
+    if own_state is None:
+        return state
+    leaves, spec = tree_flatten_with_path(state)
+    own = dict(tree_flatten_with_path(own_state)[0])
+    return tree_unflatten([_like(value, own.get(path)) for path, value in leaves], spec)
 
 
 def _like(received: Any, own: Any) -> Any:

@@ -221,8 +221,8 @@ class SemiSync:
             self.names[p]: {k: v for k, v in opt.state[p].items() if torch.is_tensor(v)}
             for opt in self.outer for p in opt.state}}
         if self.diloco is not None:
-            state["model"] = {name: _as_dtensor(self.diloco_globals[name], p)
-                              for name, p in self.model.named_parameters()}
+            synced = self.diloco_globals
+            state["model"] = {name: _as_dtensor(synced[name], p) for name, p in self.model.named_parameters()}
         return state
 
     def restore_checkpoint(self, state: dict[str, Any]) -> None:
@@ -254,17 +254,17 @@ class SemiSync:
         self.position.data_step += 1
         self.step += 1
         self.local += 1
-        if self.synced_now:
-            self._prepare_sync()
+        if self.synced_now:  # the window's last step: a drill's corruption lands, the drift is measured
+            with torch.no_grad():
+                any(self.tamper(local(p)) for p in self.model.parameters())
+            synced = self.diloco_globals
+            self._drift = self.group_norm([synced[name].to(local(p).device) - local(p).detach()
+                                           for name, p in self.model.named_parameters() if name in synced])
+            self._start_sync()
 
-    def _prepare_sync(self) -> None:
-        """Before a sync: note where it starts from, start timing it, and measure this group's
-        drift (the in-group norm of its pseudo-gradient)."""
+    def _start_sync(self) -> None:
+        """Before a sync: note where it starts from and start timing it."""
         self._outer_before, self._applied_before = self.manager.current_step(), self.live.last_applied_at
-        with torch.no_grad():
-            any(self.tamper(local(p)) for p in self.model.parameters())
-        self._drift = self.group_norm([t.to(local(p).device) - local(p).detach() for name, p in
-                                       self.model.named_parameters() if (t := self.diloco_globals.get(name)) is not None])
         self.beacon.enter("allreduce")  # waiting on other groups: never this group's hang
         self._sync_start = time.perf_counter()
 
@@ -273,7 +273,8 @@ class SemiSync:
         when its count of inner steps reaches H/F): a group joins the others at their sync."""
         self.diloco._local_step = self.diloco._sync_every - 1
         self.diloco._step_pre_hook(self.inner, (), {})
-        self._prepare_sync()
+        self._drift = None  # nothing trained: no pseudo-gradient of its own to judge or show
+        self._start_sync()
         self.diloco._step_post_hook(self.inner, (), {})
 
     def settle(self, joined: bool) -> SyncOutcome:
@@ -298,7 +299,7 @@ class SemiSync:
         return SyncOutcome(
             step=self.step, outer_step=self.manager.current_step(), committed=committed, joined=joined,
             fragment=fragment, seconds=seconds, bytes=sum(local(p).nbytes for p in self.fragments[fragment].parameters()),
-            drift=None if joined else self._drift, window=self.window,
+            drift=self._drift, window=self.window,
             healed=self.live.last_applied_at != self._applied_before,
             members_at_sync=shared_members(window_before, self.internals.quorum_members),
             error=repr(error.original_exception) if error is not None else None)
@@ -321,7 +322,7 @@ class SemiSync:
         slots = self.manager.num_participants()
         slot = self.manager.participating_rank() if self.manager.is_participating() else None
         sent = [0.0] * (2 * slots)
-        if slot is not None and self._drift is not None and self.local == self.settings.every:
+        if slot is not None and self._drift is not None:
             sent[slot], sent[slots + slot] = self._drift, float(self.group + 1)
         tensor = torch.tensor(sent, dtype=torch.float64, device=next(self.model.parameters()).device)
         self.manager.allreduce(tensor, reduce_op=ReduceOp.SUM).wait()
