@@ -276,6 +276,9 @@ class SyncEvent(BaseEvent):
     members: Count = Field(description="groups that trained the window and took part in its sync")
     quorum_id: QuorumId
     healed: Flag = Field(description="this group loaded a peer's state at the sync")
+    checked: Flag = Field(False, description="the groups' pseudo-gradients are checked at their syncs (--sdc-check)")
+    skipped: Flag = Field(False, description="the check found the window's samples abnormal in any group: "
+                          "the window is not trained again, its samples are counted skipped")
     error: str | None = None
 
 

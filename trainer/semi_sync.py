@@ -32,9 +32,8 @@ What this module adds to torchft's class, for what the service promises:
 
 from __future__ import annotations
 
-import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 import torch
@@ -42,8 +41,9 @@ from torch.distributed import ReduceOp
 from torch.distributed.tensor import DTensor
 
 from protocol.job import BatchPolicy
-from trainer.gradient_check import filled_slots, judge
+from trainer.gradient_check import Incident
 from trainer.job import SyncSettings
+from trainer.pseudo_gradient_check import Decision, PseudoGradientCheck
 from trainer.state import LiveState, TrainingPosition, digest, local, materialize_optimizer_state
 
 
@@ -53,21 +53,6 @@ class WindowIncomplete(RuntimeError):
 
 class PseudoGradientAbnormal(RuntimeError):
     """A group's pseudo-gradient failed the check: the sync is refused in every group."""
-
-
-def pseudo_gradient_veto(exchanged: list[float], slots: int, factor: float) -> str | None:
-    """Why the sync may not commit, judged from the exchanged norms (``gradient_check``'s layout:
-    norms, then group + 1 per slot; a slot nobody filled is no norm)."""
-    filled = filled_slots(exchanged, slots)
-    judgement = judge([g for _, g, _ in filled], [n for _, _, n in filled], factor)
-    if not judgement.flagged:
-        return None
-    def said(i: int) -> str:
-        norm, reference = judgement.norms[i], judgement.reference
-        ratio = f"{norm / reference:.3g}x the others'" if reference and math.isfinite(norm) else "not finite"
-        return f"group {judgement.groups[i]}'s pseudo-gradient norm is {ratio}"
-
-    return "; ".join(map(said, judgement.flagged)) + ": the sync is refused in every group and the window trained again"
 
 
 @dataclass(frozen=True)
@@ -80,6 +65,9 @@ class Window:
     """this group's place among them (its participating rank); None: not one of them"""
     size: int
     """how many groups split each inner step's global batch"""
+    shares_of: int | None = None
+    """the group whose shares this one trains (None: its own; another while the pseudo-gradient
+    check has it trade shares with a suspect)"""
 
     @classmethod
     def of(cls, quorum: Any) -> "Window":
@@ -124,6 +112,16 @@ class SyncOutcome:
     healed: bool
     members_at_sync: int
     error: str | None
+    skipped: bool = False
+    """the window's samples were found abnormal (a ``data`` verdict): they count as trained by
+    nobody and the synced point moved past them"""
+    incidents: list[Incident] = field(default_factory=list)
+    """the pseudo-gradient check's verdicts at this sync (``trainer/pseudo_gradient_check.py``)"""
+    checked_step: int = 0
+    """the step the judged window started from"""
+
+    def mine(self, group: int) -> Incident | None:
+        return next((i for i in self.incidents if i.group == group), None)
 
 
 class OuterSGD(torch.optim.SGD):
@@ -154,7 +152,8 @@ class SemiSync:
         """``check_factor``: the pseudo-gradient check's factor (``--sdc-factor``); None: off."""
         self.settings = settings
         self.group = group
-        self.check_factor = check_factor
+        self.check = PseudoGradientCheck(group, check_factor) if check_factor is not None else None
+        self.decision = Decision()
         self.model = model
         self.inner = inner
         self.schedulers = schedulers
@@ -207,11 +206,13 @@ class SemiSync:
         return {"step": self.step, "position": self.position.state_dict(), "lr_scheduler": self.schedulers.state_dict()}
 
     def _state(self) -> dict[str, Any]:
-        return {"step": self.step, "synced": self.synced}
+        return {"step": self.step, "synced": self.synced, "suspects": self.check.state() if self.check else []}
 
     def _load_state(self, state: dict[str, Any]) -> None:
         self.step = int(state["step"])
         self.synced = state["synced"]
+        if self.check is not None:
+            self.check.load_state(state["suspects"])
 
     def checkpoint_state(self) -> dict[str, Any]:
         """Saved at a committed sync, where the live state is the synced point: the outer
@@ -265,6 +266,7 @@ class SemiSync:
     def _start_sync(self) -> None:
         """Before a sync: note where it starts from and start timing it."""
         self._outer_before, self._applied_before = self.manager.current_step(), self.live.last_applied_at
+        self.decision = Decision()
         self.beacon.enter("allreduce")  # waiting on other groups: never this group's hang
         self._sync_start = time.perf_counter()
 
@@ -285,15 +287,19 @@ class SemiSync:
         step_before = self._outer_before
         committed = self.manager.current_step() > step_before
         error = self.manager.errored()
-        window_before = self.window
+        window_before, checked_step = self.window, int(self.synced["step"])
         if committed:
             self.synced = self._point()
         else:
-            self.step = int(self.synced["step"])
+            self.step = checked_step
             self.live.restore_schedule({"lr_scheduler": self.synced["lr_scheduler"],
                                          "position": self.synced["position"]})
+            if self.decision.skip_window:
+                self._skip_window()
         quorum = self.internals.quorum
         self.window = Window.of(quorum) if quorum is not None else None
+        if self.window is not None and self.check is not None and (traded := self.check.traded()) is not None:
+            self.window = replace(self.window, slot=traded[0], shares_of=traded[1])
         self.local = 0
         fragment = step_before % len(self.fragments)
         return SyncOutcome(
@@ -302,28 +308,39 @@ class SemiSync:
             drift=self._drift, window=self.window,
             healed=self.live.last_applied_at != self._applied_before,
             members_at_sync=shared_members(window_before, self.internals.quorum_members),
-            error=repr(error.original_exception) if error is not None else None)
+            error=repr(error.original_exception) if error is not None else None,
+            skipped=self.decision.skip_window, incidents=self.decision.incidents, checked_step=checked_step)
+
+    def _skip_window(self) -> None:
+        """Past the window from the synced point, with nothing trained: the step count, the data
+        position and the schedule move on as its steps would have moved them."""
+        for _ in range(self.settings.every):
+            self.schedulers.step()
+        self.step += self.settings.every
+        self.position.data_step += self.settings.every
+        self.synced = self._point()
 
     def _veto(self) -> Exception | None:
         """Called in every group's ``should_commit`` of a sync, after its all-reduce: the
-        pseudo-gradients' norms are exchanged first, in every group alike (a collective), then
+        pseudo-gradients' norms are exchanged first, in every group alike (a collective), and
         judged; the window's own veto comes before the check's."""
-        exchanged = self._exchange_drifts() if self.check_factor is not None else None
+        if self.check is not None:
+            self.decision = self.check.decide(self._exchange_drifts())
         why = window_veto(self.policy, self.window, self.internals.quorum_members)
         if why:
             return WindowIncomplete(why)
-        if exchanged is not None and (why := pseudo_gradient_veto(exchanged, len(exchanged) // 2, self.check_factor)):
-            return PseudoGradientAbnormal(why)
+        if self.decision.refused:
+            return PseudoGradientAbnormal(self.decision.refused)
         return None
 
     def _exchange_drifts(self) -> list[float] | None:
-        """A SUM all-reduce over the sync's participants of each one's drift in its slot (a group
-        that joined sends zeros, as torchft sends for a healing one); None when it failed."""
+        """A SUM all-reduce over the sync's participants of what :meth:`PseudoGradientCheck.sent`
+        puts in each one's slot (a group that joined sends zeros, as torchft sends for a healing
+        one); None when it failed."""
         slots = self.manager.num_participants()
         slot = self.manager.participating_rank() if self.manager.is_participating() else None
-        sent = [0.0] * (2 * slots)
-        if slot is not None and self._drift is not None:
-            sent[slot], sent[slots + slot] = self._drift, float(self.group + 1)
+        quorum = self.internals.quorum
+        sent = self.check.sent(slots, slot, self._drift, quorum.replica_rank if quorum is not None else None)
         tensor = torch.tensor(sent, dtype=torch.float64, device=next(self.model.parameters()).device)
         self.manager.allreduce(tensor, reduce_op=ReduceOp.SUM).wait()
         return None if self.manager.errored() else tensor.tolist()

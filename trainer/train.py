@@ -14,6 +14,7 @@ import os
 import signal
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -297,19 +298,25 @@ class RankTrainer:
         )
 
     def _report_incidents(self, o: StepOutcome) -> None:
-        for i in o.check.incidents:
-            ratio = f"{i.norms[i.group] / i.reference:.3g}x the others'" if i.reference and math.isfinite(
-                i.norms[i.group]) else "not finite"
-            self._say(f"step {o.trained_step} skipped in every group: group {i.group}'s gradient norm is {ratio}; "
-                      f"rerun {i.rerun_norm:.3g}, checker {i.checker_group} {_fmt(i.checker_norm)}: {i.verdict}")
-        mine = o.check.mine(self.cfg.group)
+        self.report_incidents(o.check.incidents, o.trained_step, o.rerun_s + o.check.wait_s, lambda i, ratio: (
+            f"step {o.trained_step} skipped in every group: group {i.group}'s gradient norm is {ratio}; "
+            f"rerun {i.rerun_norm:.3g}, checker {i.checker_group} {_fmt(i.checker_norm)}: {i.verdict}"))
+
+    def report_incidents(self, incidents: list[Incident], step: int, check_s: float,
+                         line: Callable[[Incident, str], str]) -> None:
+        """A progress line per verdict (``line`` given the flagged norm's ratio to the others'), and
+        the flagged group's ``sdc`` event."""
+        for i in incidents:
+            norm = i.norms[i.group]
+            self._say(line(i, f"{norm / i.reference:.3g}x the others'" if i.reference and math.isfinite(norm)
+                           else "not finite"))
+        mine = next((i for i in incidents if i.group == self.cfg.group), None)
         if mine is not None and self.r.rank == 0:
-            self.sink.emit(SdcEvent, step=o.trained_step, norms={g: _finite(n) for g, n in mine.norms.items()},
+            self.sink.emit(SdcEvent, step=step, norms={g: _finite(n) for g, n in mine.norms.items()},
                            reference_norm=mine.reference, factor=self.cfg.sdc_factor,
                            rerun_norm=_finite(mine.rerun_norm), checker_group=mine.checker_group,
                            checker_norm=_finite(mine.checker_norm), verdict=mine.verdict,
-                           action="quarantined" if mine.verdict == "persistent" else "skipped",
-                           check_s=o.rerun_s + o.check.wait_s)
+                           action="quarantined" if mine.verdict == "persistent" else "skipped", check_s=check_s)
 
     def quarantined(self, o: StepOutcome) -> Incident | None:
         """This group's persistent corruption, found at this step: its ranks must leave."""

@@ -18,6 +18,7 @@ from typing import Callable
 
 from protocol.events import CommitFailedEvent, FingerprintEvent, SyncEvent
 from trainer.semi_sync import SyncOutcome
+from trainer.gradient_check import CheckResult
 from trainer.train import RankTrainer, StepOutcome, StopRequest, _fmt
 
 
@@ -37,11 +38,14 @@ class WindowTrainer(RankTrainer):
             if self.r.checkpointer:
                 self._report_saved(self.r.checkpointer.poll())
             if semi.window is None or semi.window.slot is None:
-                self.sync(stop, join=semi.join)
+                outcome = self.sync(stop, join=semi.join)
             else:
                 self.pending.append(self.inner_step())
-                if semi.synced_now:
-                    self.sync(stop)
+                outcome = self.sync(stop) if semi.synced_now else None
+            if outcome is not None and (incident := outcome.mine(self.cfg.group)) is not None \
+                    and incident.verdict == "persistent":
+                self.quarantine(incident, outcome.checked_step)
+                return "quarantined"
             if not self.r.manager.errored() and self.cfg.step_sleep_s:
                 self.r.beacon.enter("idle")
                 time.sleep(self.cfg.step_sleep_s)
@@ -57,7 +61,8 @@ class WindowTrainer(RankTrainer):
         r.beacon.enter("compute", step)  # progress: the watchdog's clock starts again
         training.optimizers.zero_grad()
         r.hooks.stall(step)
-        share = training.plan.group_share(data_step, self.cfg.group, window.slot, window.size)
+        group = self.cfg.group if window.shares_of is None else window.shares_of
+        share = training.plan.group_share(data_step, group, window.slot, window.size)
         loss = training.forward_backward(share, window.size, training.plan.loss_divisor(window.size, share))
         clip_norm = self._clip() if training.job.training.max_norm else None
         lr = training.live.lr()
@@ -72,7 +77,7 @@ class WindowTrainer(RankTrainer):
             allreduce_s=0.0, commit_s=0.0, quorum_id=-1, participants=window.size, participating=True,
             healed=False, batches_committed=0, error=None, clip_norm=clip_norm)
 
-    def sync(self, stop: StopRequest, join: Callable[[], None] | None = None) -> None:
+    def sync(self, stop: StopRequest, join: Callable[[], None] | None = None) -> SyncOutcome:
         """Settle the sync the window's last step ran (``join``: run one first, to join the others
         at theirs) and report it; after a failed one, hold back while cut off from a peer."""
         r, semi = self.r, self.semi
@@ -81,12 +86,13 @@ class WindowTrainer(RankTrainer):
                 join()
         o = semi.settle(joined=join is not None)
         self.report_sync(o)
-        if o.committed:
+        if o.committed or o.skipped:
             self.sink.emit(FingerprintEvent, step=o.step, digest=semi.fingerprint())
             self.save_due(o.step - len(self.pending), o.step)
         self.pending = []
         if not o.committed:
             self.hold_back(stop)
+        return o
 
     def report_sync(self, o: SyncOutcome) -> None:
         """The sync's events: a quorum change, a heal, the window's steps (committed or not with
@@ -100,15 +106,24 @@ class WindowTrainer(RankTrainer):
         if self.pending:  # the window's last step waited for the sync
             last = self.pending[-1]
             self.pending[-1] = dataclasses.replace(last, allreduce_s=min(o.seconds, last.step_s))
+        used = o.committed or o.skipped  # a skipped window's samples are used up, trained by nobody
+        skipped = CheckResult(False, o.incidents) if o.skipped else None
         for s in self.pending:
             self.emit_step(dataclasses.replace(
-                s, committed=o.committed, step=s.step if o.committed else o.step, consumed=o.committed,
-                step_samples=step_samples, samples=s.samples if o.committed else range(s.samples.start, s.samples.start),
+                s, committed=used, step=s.step if used else o.step, consumed=used, step_samples=step_samples,
+                samples=s.samples if o.committed else range(s.samples.start, s.samples.start), check=skipped,
                 quorum_id=quorum_id, batches_committed=self.r.manager.batches_committed()))
+        self.report_incidents(o.incidents, o.checked_step, o.seconds, lambda i, ratio: (
+            f"the window from step {o.checked_step}: group {i.group}'s pseudo-gradient norm was {ratio}; "
+            f"trained again, its own {_fmt(i.rerun_norm)} on group {i.checker_group}'s shares and group {i.checker_group}'s "
+            f"{_fmt(i.checker_norm)} on its shares: {i.verdict}"))
         self.sink.emit(SyncEvent, step=o.step, outer_step=o.outer_step, committed=o.committed, joined=o.joined,
                        fragment=o.fragment, seconds=o.seconds, bytes=o.bytes, drift=o.drift,
                        participants=participants, members=o.members_at_sync, quorum_id=quorum_id, healed=o.healed,
-                       error=o.error)
+                       checked=self.semi.check is not None, skipped=o.skipped, error=o.error)
+        if o.skipped:
+            self._say(f"the window from step {o.checked_step} is skipped: its samples are abnormal in any group")
+            return
         if not o.committed:
             first = self.pending[0].trained_step if self.pending else o.step
             self.sink.emit(CommitFailedEvent, step=first, quorum_id=quorum_id, error=o.error)

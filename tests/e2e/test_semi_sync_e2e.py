@@ -106,11 +106,10 @@ def test_diloco_groups_all_back_from_a_checkpoint_resume_its_synced_state_exactl
     assert min(e["step"] for g in (0, 1) for e in committed_steps(events, g)) == step + 1
 
 
-def test_a_corrupted_pseudo_gradient_is_caught_before_the_outer_step_and_the_window_trained_again(
-        lighthouse, groups, tmp_path):
-    """A drill's corruption lands in group 0's parameters before a sync (so in its pseudo-gradient):
-    the norms exchanged after the all-reduce refuse the sync in both groups, nothing reaches the
-    outer step, the window is trained again and the groups stay equal."""
+def corrupted_after_two_syncs(lighthouse, groups, tmp_path: Path, **corruption):
+    """2 groups of DiLoCo syncing every 5 steps; once they committed 2 syncs together, a drill's
+    corruption (``corruption``: the injection's fields) injected into group 0. Returns the groups
+    and when it was injected."""
     events_dir = tmp_path / "events"
     args = job_args(lighthouse, tmp_path, 2, 10_000, "--sync", "diloco", "--sync-every", "5")
     g0, g1 = groups(0, args).start(), groups(1, args).start()
@@ -118,14 +117,31 @@ def test_a_corrupted_pseudo_gradient_is_caught_before_the_outer_step_and_the_win
     pids = [e["pid"] for e in read_events(events_dir, 0) if e["type"] == "start"]
     injected_at = time.time()
     write_model(events_dir / GroupLayout(0).injection,
-                Injection(id=1, kind="corrupt", rank=None, pids=pids, seconds=0.0, scale=1e4))
+                Injection(id=1, kind="corrupt", rank=None, pids=pids, seconds=0.0, scale=1e4, **corruption))
+    return g0, g1, injected_at
+
+
+def sdc_events(events: list[dict]) -> list[dict]:
+    return [e for e in events if e["type"] == "sdc"]
+
+
+def test_a_corrupted_pseudo_gradient_is_caught_before_the_outer_step_and_judged_transient(
+        lighthouse, groups, tmp_path):
+    """A drill's corruption lands once in group 0's parameters before a sync (so in its
+    pseudo-gradient): the norms exchanged after the all-reduce refuse the sync in both groups,
+    nothing reaches the outer step; the window is trained again with the two groups' shares traded,
+    group 0's pseudo-gradient is normal on group 1's shares and group 1's on group 0's, so the
+    verdict is transient, the sync commits and the groups stay equal, every sample trained once."""
+    events_dir = tmp_path / "events"
+    g0, g1, injected_at = corrupted_after_two_syncs(lighthouse, groups, tmp_path)
 
     def refused_then_committed() -> bool:
         ev = read_events(events_dir)
-        return all(any(not s["committed"] for s in syncs(ev, g, injected_at))
-                   and syncs(ev, g, injected_at)[-1]["committed"] for g in (0, 1))
+        after = [s["step"] for s in syncs(ev, 0, injected_at) if s["committed"]]
+        return all(any(not s["committed"] for s in syncs(ev, g, injected_at)) for g in (0, 1)) and bool(after) \
+            and all((after[0], 0) in fingerprints(ev, g) for g in (0, 1))
 
-    wait_for(refused_then_committed, 120, "both groups to refuse a sync, then commit one")
+    wait_for(refused_then_committed, 120, "both groups to refuse a sync, then commit one and fingerprint it")
     events = read_events(events_dir)  # before the stops: the group left after one refuses a sync too
     g0.stop()
     g1.stop()
@@ -133,9 +149,38 @@ def test_a_corrupted_pseudo_gradient_is_caught_before_the_outer_step_and_the_win
         refused = [s for s in syncs(events, g, injected_at) if not s["committed"]]
         assert len(refused) == 1 and "PseudoGradientAbnormal" in refused[0]["error"], refused
         assert "group 0's pseudo-gradient norm is" in refused[0]["error"]
+    [sdc] = sdc_events(events)
+    assert (sdc["group"], sdc["checker_group"], sdc["verdict"], sdc["action"]) == (0, 1, "transient", "skipped")
+    assert sdc["step"] == refused[0]["step"] and sdc["norms"]["0"] > 1000 * sdc["norms"]["1"]
     fp0, fp1 = fingerprints(events, 0), fingerprints(events, 1)
     shared = sorted(set(fp0) & set(fp1))
     assert any(step > refused[0]["step"] for step, _ in shared)
     assert not [k for k in shared if fp0[k] != fp1[k]], "a corrupted outer step would part the groups"
     planned, once, twice, skipped = coverage(events, tmp_path)
     assert (once, twice, skipped) == (planned, 0, 0)
+
+
+def test_a_group_corrupting_every_window_is_judged_persistent_and_quarantined(lighthouse, groups, tmp_path):
+    """Group 0 corrupts its parameters before every sync, as a bad chip would: flagged at one sync,
+    flagged again on group 1's shares in the retrained window while group 1 is normal on its
+    shares, so persistent: group 0 quarantines itself and leaves, group 1 trains on alone and no
+    sample is trained twice or skipped."""
+    events_dir = tmp_path / "events"
+    g0, g1, injected_at = corrupted_after_two_syncs(lighthouse, groups, tmp_path, persistent=True,
+                                                    until=time.time() + 600)
+    wait_for(lambda: any(e["type"] == "exit" and e["reason"] == "quarantined" for e in read_events(events_dir, 0)),
+             120, "group 0 to quarantine itself")
+    quarantined_at = time.time()
+    wait_for(lambda: any(s["committed"] for s in syncs(read_events(events_dir, 1), 1, quarantined_at)), 120,
+             "group 1 to commit a sync alone")
+    events = read_events(events_dir)
+    g1.stop()
+    g0.stop()
+    [sdc] = sdc_events(events)
+    assert (sdc["group"], sdc["checker_group"], sdc["verdict"], sdc["action"]) == (0, 1, "persistent", "quarantined")
+    assert sdc["rerun_norm"] > 1000 * sdc["checker_norm"], "flagged again on the checker's shares"
+    assert (events_dir / GroupLayout(0).quarantine).exists()
+    assert not [s for s in syncs(events, 1, injected_at) if s["committed"] and s["members"] == 2], \
+        "no window group 0 trained is committed once it corrupts"
+    planned, once, twice, skipped = coverage(events, tmp_path)
+    assert planned > 0 and (once, twice, skipped) == (planned, 0, 0)
