@@ -101,8 +101,8 @@ class JobMetrics:
         self.grad_norm = Gauge("ftctl_gradient_norm", "the group's own gradient norm at its last step, before it "
                                "crossed groups (NaN: not finite)", ["group"], registry=r)
         self.syncs = Counter("ftctl_syncs_total", "syncs across groups (--sync localsgd|diloco) groups' rank 0 "
-                             "took part in, by result", ["result"], registry=r)
-        for result in ("committed", "failed"):
+                             "took part in, by result (skipped: the pseudo-gradient check found the window's samples abnormal)", ["result"], registry=r)
+        for result in ("committed", "failed", "skipped"):
             self.syncs.labels(result)
         self.sync_seconds = Histogram("ftctl_sync_duration_seconds", "a sync across groups (rank 0 of every group): "
                                       "waiting for the others, the quorum, a heal, the all-reduce of the "
@@ -175,7 +175,7 @@ class JobMetrics:
                 if e.grad_norm is not None or e.skipped:
                     self.grad_norm.labels(g).set(e.grad_norm if e.grad_norm is not None else math.nan)
             case SyncEvent():
-                self.syncs.labels("committed" if e.committed else "failed").inc()
+                self.syncs.labels("committed" if e.committed else "skipped" if e.skipped else "failed").inc()
                 self.sync_seconds.observe(e.seconds)
                 self.sync_bytes.inc(e.bytes)
                 if e.drift is not None:

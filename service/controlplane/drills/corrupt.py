@@ -6,7 +6,8 @@ of the group is multiplied by ``scale`` at its next step, or at every step with 
 With the gradient check on, the drill waits for the check's verdict (``trainer/gradient_check.py``),
 and after a persistent one for the quarantine and the warm spare's healed commit (``replacing``).
 With the check off nothing flags it: the drill watches ``after_steps`` steps and finds the
-corrupted step where the applied gradient norm peaks. Last, ``fingerprints``: every group must
+corrupted step where the applied gradient norm peaks (with ``--sync localsgd|diloco``, the sync
+where the group's pseudo-gradient norm, its drift, peaks). Last, ``fingerprints``: every group must
 hold bitwise identical state, polluted or not (which is why fingerprints cannot see corruption).
 """
 
@@ -20,7 +21,17 @@ from typing import Literal
 from pydantic import BaseModel, Field
 from rich.text import Text
 
-from protocol.events import Event, FingerprintEvent, Flag, HealEvent, ProcessEvent, SdcEvent, StepEvent, Verdict
+from protocol.events import (
+    Event,
+    FingerprintEvent,
+    Flag,
+    HealEvent,
+    ProcessEvent,
+    SdcEvent,
+    StepEvent,
+    SyncEvent,
+    Verdict,
+)
 from protocol.injection import InjectRequest
 from service.controlplane.drills.base import (
     MAX_ID,
@@ -34,7 +45,6 @@ from service.controlplane.drills.base import (
 )
 from service.controlplane.drills.context import DrillServices
 from service.controlplane.drills.rows import EQUAL, Row, norm, per_group, shown
-from service.controlplane.errors import DrillConflict
 from service.controlplane.fingerprints import FingerprintBook
 
 WATCH_MARGIN_S = 120.0
@@ -78,7 +88,8 @@ class CorruptReport(BaseModel):
     baseline_s: float
     after_steps: int
     phase: str = "starting"
-    sdc_check: bool | None = Field(None, description="whether the job runs with the gradient check (seen in its steps)")
+    sdc_check: bool | None = Field(None, description="whether the job runs with the gradient check (seen in its steps, "
+                                   "or its syncs with --sync localsgd|diloco)")
     injected_at: float | None = None
     step: int | None = Field(None, description="the corrupted step (with the check off: where the applied gradient "
                              "norm peaked)")
@@ -189,6 +200,9 @@ class Corrupt(Drill):
         self.fingerprints = FingerprintBook()
         self.groups: set[int] = set()
         self.healed = False
+        self.stepped = False
+        self.drifts: list[tuple[float, int]] = []
+        """(drift, step) of the group's syncs since the injection (--sync localsgd|diloco)"""
 
     def _observe_step(self, e: StepEvent) -> None:
         trained = e.step - 1 if e.committed else e.step
@@ -198,8 +212,9 @@ class Corrupt(Drill):
             # a healing or sitting-out step's forward ran on the state before the heal: its loss is not the job's
             row.loss = e.loss if e.participating and not e.healed else None
             row.skipped, row.grad_norm = e.skipped, e.grad_norm
-            if self.r.sdc_check is None:
-                self.r.sdc_check = e.grad_norm is not None
+            self.stepped = True
+            if e.grad_norm is not None:
+                self.r.sdc_check = True
 
     def _observe_sdc(self, e: SdcEvent) -> None:
         r = self.r
@@ -220,6 +235,10 @@ class Corrupt(Drill):
                     r.replace_s = e.ts - r.quarantined_at
             case SdcEvent():
                 self._observe_sdc(e)
+            case SyncEvent(rank=0, joined=False):
+                r.sdc_check = e.checked
+                if e.group == r.group and r.injected_at is not None and e.ts >= r.injected_at and e.drift is not None:
+                    self.drifts.append((e.drift, e.step))
             case ProcessEvent(action="quarantined") if e.group == r.group:
                 r.quarantined_at = e.ts
             case HealEvent(rank=0) if e.group == r.group and r.quarantined_at is not None:
@@ -239,8 +258,9 @@ class Corrupt(Drill):
             for g in sorted(self.groups):
                 await ctx.control.inject(g, watch, ctx.drill_id)
             await self.watch(queue, "baseline", r.baseline_s)
-            if r.sdc_check is None:
-                raise DrillConflict(f"group {r.group} reported no step in {r.baseline_s:g} s of baseline")
+            await self.until(queue, lambda: self.stepped, f"a step of group {r.group} (a sync, with --sync "
+                             "localsgd|diloco) to learn whether the gradient check is on")
+            r.sdc_check = bool(r.sdc_check)
             r.phase = "injected"
             first_after = self._last_step() + 1
             injected = await ctx.control.inject(
@@ -277,6 +297,7 @@ class Corrupt(Drill):
         if r.step is None:  # no check: the step where the applied gradient norm peaked
             peaks = [(row.applied_grad_norm, step) for (g, step), row in rows.items()
                      if g == r.group and step >= first_after and row.applied_grad_norm is not None]
+            peaks += [(drift, step - 1) for drift, step in self.drifts]
             r.step = max(peaks)[1] if peaks else None
             r.action = "applied" if peaks else None
         if r.step is None:

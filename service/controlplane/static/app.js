@@ -213,7 +213,7 @@ function describe(e) {
     case "exit": return `exit: ${e.reason} at step ${e.step}`;
     case "straggler": return `straggler ${e.action}: ${e.detail}`;
     case "partition": return `partition: ${e.action}, ${e.detail}`;
-    case "sync": return `sync ${e.outer_step} at step ${e.step}: ${e.committed ? "committed" : "failed"}` +
+    case "sync": return `sync ${e.outer_step} at step ${e.step}: ${e.committed ? "committed" : e.skipped ? "window skipped" : "failed"}` +
       `${e.joined ? " (joined)" : ""}, ${e.participants} groups, ${e.seconds.toFixed(2)}s` + (e.error ? `: ${e.error}` : "");
     case "sdc": return `gradient check at step ${e.step}: norm ${fmt(e.norms[e.group])} against the others' ${fmt(e.reference_norm)}; ` +
       `rerun ${fmt(e.rerun_norm)}, group ${e.checker_group ?? "-"}'s ${fmt(e.checker_norm)}: ${e.verdict}, ${e.action}`;
