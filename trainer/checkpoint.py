@@ -66,6 +66,17 @@ def published(root: Path) -> list[Path]:
     return sorted((p for p in root.iterdir() if step_of(p) is not None), key=step_of)
 
 
+SEMI_SYNC_KEY = "semi_sync"
+"""The top-level entry of a checkpoint written with --sync localsgd|diloco (``SemiSync.checkpoint_state``)."""
+
+
+def written_semi_sync(folder: Path) -> bool:
+    """Whether the checkpoint in ``folder`` was written by a --sync localsgd|diloco job (it holds the
+    synced point and the outer optimizer), read from its DCP metadata."""
+    keys = dcp.FileSystemReader(folder).read_metadata().state_dict_metadata
+    return any(key.split(".", 1)[0] == SEMI_SYNC_KEY for key in keys)
+
+
 def _file_digest(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:

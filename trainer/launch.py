@@ -57,7 +57,7 @@ def validate(cfg: TrainerConfig, dial_lighthouse: bool = True) -> str:
         if torch.cuda.device_count() < cfg.ranks_per_group:
             raise ConfigError(f"--device cuda needs {cfg.ranks_per_group} GPUs per group, "
                               f"this machine has {torch.cuda.device_count()}")
-    resumed = resume_step(cfg)
+    resumed = resume_step(cfg, sync.mode)
     if dial_lighthouse:
         check_lighthouse_reachable(cfg.lighthouse)
     return (f"{cfg.config}: {describe(job)}, {count_parameters(job) / 1e6:.1f}M parameters, {cfg.precision}; "
@@ -70,17 +70,24 @@ def validate(cfg: TrainerConfig, dial_lighthouse: bool = True) -> str:
                f"to step {cfg.steps:,}" if resumed is not None else ""))
 
 
-def resume_step(cfg: TrainerConfig) -> int | None:
+def resume_step(cfg: TrainerConfig, mode: str) -> int | None:
     """The step of the newest checkpoint an earlier job left in ``--checkpoint-dir`` (None: none),
     which this job resumes from. A job's check (``--check``, before ``ftctl up`` starts anything)
     refuses one at or past ``--steps``: there would be nothing to train; a group's own start
-    (a restart near the end) goes on and finishes at once."""
-    from trainer.checkpoint import published, step_of
+    (a restart near the end) goes on and finishes at once. Either refuses one written in the other
+    kind of ``--sync`` (``mode``): ``hsdp`` keeps no synced point and outer optimizer, and counts
+    steps where the others count syncs."""
+    from trainer.checkpoint import published, step_of, written_semi_sync
 
     saved = published(cfg.checkpoint_dir) if cfg.checkpoint_dir else []
     if not saved:
         return None
     step = step_of(saved[-1])
+    if written_semi_sync(saved[-1]) != (mode != "hsdp"):
+        written = "--sync localsgd or diloco" if mode == "hsdp" else "--sync hsdp"
+        raise ConfigError(f"the checkpoint in {cfg.checkpoint_dir} (step {step:,}) was written by a {written} job and "
+                          f"this one runs --sync {mode}: resume it in its own mode, or start this job with another "
+                          "--checkpoint-dir")
     if step >= cfg.steps and cfg.check:
         raise ConfigError(f"the checkpoint in {cfg.checkpoint_dir} is at step {step:,}, past --steps {cfg.steps:,}: "
                           "nothing is left to train; raise --steps, or start a new job in a fresh --state-dir")

@@ -41,6 +41,7 @@ from torch.distributed import ReduceOp
 from torch.distributed.tensor import DTensor
 
 from protocol.job import BatchPolicy
+from trainer.checkpoint import SEMI_SYNC_KEY
 from trainer.gradient_check import Incident
 from trainer.job import SyncSettings
 from trainer.pseudo_gradient_check import Decision, PseudoGradientCheck
@@ -218,7 +219,7 @@ class SemiSync:
         """Saved at a committed sync, where the live state is the synced point: the outer
         optimizer's state by parameter name, the step count, and as the model the last synced
         parameters (a streaming fragment not synced at this sync has moved on locally)."""
-        state: dict[str, Any] = {"semi_sync": {"step": self.step}, "outer_optimizer": {
+        state: dict[str, Any] = {SEMI_SYNC_KEY: {"step": self.step}, "outer_optimizer": {
             self.names[p]: {k: v for k, v in opt.state[p].items() if torch.is_tensor(v)}
             for opt in self.outer for p in opt.state}}
         if self.diloco is not None:
@@ -227,7 +228,7 @@ class SemiSync:
         return state
 
     def restore_checkpoint(self, state: dict[str, Any]) -> None:
-        self.step = int(state["semi_sync"]["step"])
+        self.step = int(state[SEMI_SYNC_KEY]["step"])
         self.synced = self._point()
 
     @property

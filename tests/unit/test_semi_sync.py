@@ -64,3 +64,21 @@ def test_a_torchtitan_torchft_config_brings_its_own_semi_sync_method_and_the_fla
 def test_a_combination_that_cannot_train_is_one_line(fields, says):
     with pytest.raises(ConfigError, match=says):
         sync_settings(trainer(**fields), SimpleNamespace())
+
+
+@pytest.mark.parametrize("written_semi, mode, says", [
+    (False, "diloco", "written by a --sync hsdp job and this one runs --sync diloco"),
+    (True, "hsdp", "written by a --sync localsgd or diloco job and this one runs --sync hsdp"),
+])
+def test_a_checkpoint_of_the_other_kind_of_sync_is_refused_in_one_line(tmp_path, written_semi, mode, says):
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    from trainer.checkpoint import SEMI_SYNC_KEY, step_dir_name
+    from trainer.launch import resume_step
+
+    state = {"model": {"w": torch.ones(3)}} | ({SEMI_SYNC_KEY: {"step": 10}} if written_semi else {})
+    dcp.save(state, checkpoint_id=tmp_path / step_dir_name(10), no_dist=True)
+    with pytest.raises(ConfigError, match=says):
+        resume_step(trainer(checkpoint_dir=tmp_path, steps=100), mode)
+    assert resume_step(trainer(checkpoint_dir=tmp_path, steps=100), "localsgd" if written_semi else "hsdp") == 10
