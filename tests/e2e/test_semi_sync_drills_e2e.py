@@ -1,13 +1,14 @@
 """The drills under `ftctl up --sync diloco`, driven through `ftctl` as a user drives them: the
 corrupt drill reads the pseudo-gradient check's verdict, the kill-heal drill sees the killed group
-come back at a sync and heal the outer state."""
+come back at a sync and heal the outer state, the hang drill sees the watchdog end a rank stuck
+in an inner step (inner steps are its progress: no sync comes for H of them)."""
 
 from __future__ import annotations
 
 import pytest
 
 from cluster import wait_for
-from up_job import all_training, ftctl, ftctl_up, json_out
+from up_job import all_training, assert_each_sample_once, ftctl, ftctl_up, json_out
 
 
 @pytest.fixture(scope="module")
@@ -35,3 +36,13 @@ def test_the_kill_heal_drill_heals_the_killed_group_at_a_sync(job):
     r = drill["report"]
     assert r["rejoined_by"] == "agent" and r["heal_bytes"] > 0, r
     assert r["killed_at"] < r["rejoined_at"] <= r["heal_started_at"] <= r["healed_commit_at"]
+
+
+def test_the_hang_drill_sees_the_watchdog_end_a_rank_stuck_in_an_inner_step(job):
+    wait_for(lambda: all_training(job.control), 240, "both groups training")
+    drill = json_out(ftctl(job.state, "drill", "hang", "--group", "0", "--mode", "stuck", "--json"))
+    assert drill["status"] == "done" and drill["fingerprints_equal"] is True, drill
+    r = drill["report"]
+    assert (r["detected_by"], r["detected_group"], r["rejoined_by"]) == ("watchdog", 0, "agent"), r
+    assert "in compute at step" in r["verdict"], r
+    assert_each_sample_once(job.control)
