@@ -7,6 +7,11 @@ STAMP := $(VENV)/.installed
 GROUPS ?= 2
 RANKS ?= 2
 STEPS ?= 2000
+# torch 2.13.0's CPU build by default (PyPI's own is the CUDA build, several GB more); for CUDA:
+#   make TORCH_INDEX=https://download.pytorch.org/whl/cu128 setup   (in a fresh checkout, or after make clean)
+# An extra index: pip takes the build it serves (2.13.0+cpu sorts above PyPI's 2.13.0), and falls
+# back to the machine's own indexes and wheel folders (one retry) where it cannot be reached.
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 # Debian packages the tests use: promtool and a real Prometheus, Chromium and its driver, and
 # iproute2's ip for the network-namespace hosts of the multi-host tests.
 SYSTEM_TOOLS := prometheus promtool chromium chromedriver ip
@@ -17,7 +22,7 @@ setup: $(STAMP)
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet --retries 1 --extra-index-url $(TORCH_INDEX) torch==2.13.0
 	$(PY) -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
