@@ -70,10 +70,14 @@ SEMI_SYNC_KEY = "semi_sync"
 """The top-level entry of a checkpoint written with --sync localsgd|diloco (``SemiSync.checkpoint_state``)."""
 
 
-def written_semi_sync(folder: Path) -> bool:
+def written_semi_sync(folder: Path) -> bool | None:
     """Whether the checkpoint in ``folder`` was written by a --sync localsgd|diloco job (it holds the
-    synced point and the outer optimizer), read from its DCP metadata."""
-    keys = dcp.FileSystemReader(folder).read_metadata().state_dict_metadata
+    synced point and the outer optimizer), read from its DCP metadata; None where that cannot be
+    read (the load, which verifies the checkpoint's files first, says what is wrong with it)."""
+    try:
+        keys = dcp.FileSystemReader(folder).read_metadata().state_dict_metadata
+    except OSError:
+        return None
     return any(key.split(".", 1)[0] == SEMI_SYNC_KEY for key in keys)
 
 

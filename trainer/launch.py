@@ -83,7 +83,8 @@ def resume_step(cfg: TrainerConfig, mode: str) -> int | None:
     if not saved:
         return None
     step = step_of(saved[-1])
-    if written_semi_sync(saved[-1]) != (mode != "hsdp"):
+    written_semi = written_semi_sync(saved[-1])
+    if written_semi is not None and written_semi != (mode != "hsdp"):
         written = "--sync localsgd or diloco" if mode == "hsdp" else "--sync hsdp"
         raise ConfigError(f"the checkpoint in {cfg.checkpoint_dir} (step {step:,}) was written by a {written} job and "
                           f"this one runs --sync {mode}: resume it in its own mode, or start this job with another "
