@@ -115,8 +115,8 @@ class WindowTrainer(RankTrainer):
                 quorum_id=quorum_id, batches_committed=self.r.manager.batches_committed()))
         self.report_incidents(o.incidents, o.checked_step, o.seconds, lambda i, ratio: (
             f"the window from step {o.checked_step}: group {i.group}'s pseudo-gradient norm was {ratio}; "
-            f"trained again, its own {_fmt(i.rerun_norm)} on group {i.checker_group}'s shares and group {i.checker_group}'s "
-            f"{_fmt(i.checker_norm)} on its shares: {i.verdict}"))
+            f"trained again, its own {_fmt(i.rerun_norm)} on group {i.checker_group}'s shares and group "
+            f"{i.checker_group}'s {_fmt(i.checker_norm)} on its shares: {i.verdict}"))
         self.sink.emit(SyncEvent, step=o.step, outer_step=o.outer_step, committed=o.committed, joined=o.joined,
                        fragment=o.fragment, seconds=o.seconds, bytes=o.bytes, drift=o.drift,
                        participants=participants, members=o.members_at_sync, quorum_id=quorum_id, healed=o.healed,

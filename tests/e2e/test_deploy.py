@@ -222,9 +222,11 @@ def test_kubernetes_overlays_render_and_validate(overlay):
     assert claims["state"] == ["ReadWriteOnce"], "a rescheduled pod keeps its unshipped events"
     if overlay == "gpu":
         env = {e["name"]: e.get("value") for e in container["env"]}
-        assert (env["FT_AGENT_GROUPS"], env["FT_AGENT_RANKS_PER_GROUP"]) == ("4", "8") and "cuda" in env["FT_AGENT_TRAINER_ARGS"]
+        assert (env["FT_AGENT_GROUPS"], env["FT_AGENT_RANKS_PER_GROUP"]) == ("4", "8")
+        assert "cuda" in env["FT_AGENT_TRAINER_ARGS"]
         assert {"FT_AGENT_GROUP", "POD_NAME", "FTCTL_TOKEN", "FT_AGENT_ALLOWED_HOSTS"} <= set(env), "patched by name"
-        shared = next(o for o in objects if o["kind"] == "PersistentVolumeClaim" and o["metadata"]["name"] == "checkpoints")
+        shared = next(o for o in objects
+                      if o["kind"] == "PersistentVolumeClaim" and o["metadata"]["name"] == "checkpoints")
         assert "checkpoints" not in claims and shared["spec"]["accessModes"] == ["ReadWriteMany"]
         assert volumes["checkpoints"]["persistentVolumeClaim"]["claimName"] == "checkpoints"
     else:
