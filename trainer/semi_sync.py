@@ -213,7 +213,7 @@ class SemiSync:
         self.step = int(state["step"])
         self.synced = state["synced"]
         if self.check is not None:
-            self.check.load_state(state["suspects"])
+            self.check.load_state(state.get("suspects", []))  # none from a peer of an earlier version
 
     def checkpoint_state(self) -> dict[str, Any]:
         """Saved at a committed sync, where the live state is the synced point: the outer
