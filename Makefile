@@ -12,9 +12,10 @@ STEPS ?= 2000
 # An extra index: pip takes the build it serves (2.13.0+cpu sorts above PyPI's 2.13.0), and falls
 # back to the machine's own indexes and wheel folders (one retry) where it cannot be reached.
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
-# Debian packages the tests use: promtool and a real Prometheus, Chromium and its driver, and
-# iproute2's ip for the network-namespace hosts of the multi-host tests.
-SYSTEM_TOOLS := prometheus promtool chromium chromedriver ip
+# Debian packages the tests use: promtool and a real Prometheus, Chromium and its driver,
+# iproute2's ip for the network-namespace hosts of the multi-host tests, and a real Slurm (munge,
+# slurmctld, slurmd and its commands; the test starts its own daemons and stops them).
+SYSTEM_TOOLS := prometheus promtool chromium chromedriver ip munged slurmctld slurmd sbatch
 
 .PHONY: setup system-deps up test test-fast clean
 
@@ -31,7 +32,7 @@ system-deps:
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages for:$$missing"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-	    prometheus chromium chromium-driver iproute2 >/dev/null; \
+	    prometheus chromium chromium-driver iproute2 munge slurmctld slurmd slurm-client >/dev/null; \
 	fi
 
 up: $(STAMP)
