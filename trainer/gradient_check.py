@@ -81,6 +81,11 @@ def is_normal(norm: float, reference: float | None, factor: float) -> bool:
     return math.isfinite(norm) and (reference is None or norm <= factor * reference)
 
 
+def against_others(norm: float, reference: float | None) -> str:
+    """A flagged norm as a person reads it: its multiple of the others' median, or not finite."""
+    return f"{norm / reference:.3g}x the others'" if reference and math.isfinite(norm) else "not finite"
+
+
 def judge(groups: Sequence[int], norms: Sequence[float], factor: float) -> Judgement:
     """Flag each norm that is not finite or exceeds ``factor`` × the median of the others'
     finite norms. A norm far *below* the others is not flagged: corruption that shrinks a

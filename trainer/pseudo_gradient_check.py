@@ -26,11 +26,10 @@ the synced point) takes the same decision.
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field
 
 from protocol.events import Verdict
-from trainer.gradient_check import Incident, Judgement, checkers, filled_slots, judge
+from trainer.gradient_check import Incident, Judgement, against_others, checkers, filled_slots, judge
 
 
 @dataclass(frozen=True)
@@ -59,12 +58,8 @@ def window_verdict(flagged_again: bool, checker_flagged: bool | None) -> Verdict
 
 def described(judgement: Judgement) -> str:
     """The flagged groups' norms, as a person reads them."""
-    def said(i: int) -> str:
-        norm, reference = judgement.norms[i], judgement.reference
-        ratio = f"{norm / reference:.3g}x the others'" if reference and math.isfinite(norm) else "not finite"
-        return f"group {judgement.groups[i]}'s pseudo-gradient norm is {ratio}"
-
-    return "; ".join(map(said, judgement.flagged))
+    return "; ".join(f"group {judgement.groups[i]}'s pseudo-gradient norm is "
+                     f"{against_others(judgement.norms[i], judgement.reference)}" for i in judgement.flagged)
 
 
 @dataclass(frozen=True)
@@ -74,9 +69,7 @@ class Decision:
     refused: str | None = None
     """why the sync may not commit (None: it may)"""
     incidents: list[Incident] = field(default_factory=list)
-    """the verdicts on the last sync's suspects"""
-    suspects: list[Suspect] = field(default_factory=list)
-    """groups flagged at this sync, checked in the window it opens"""
+    """the verdicts on the last sync's suspects (the new ones are the check's :attr:`suspects`)"""
 
     @property
     def skip_window(self) -> bool:
@@ -135,7 +128,7 @@ class PseudoGradientCheck:
             refused = described(judgement) + (": the window is skipped (its samples are abnormal in any group)"
                                               if any(i.verdict == "data" for i in incidents)
                                               else ": the sync is refused in every group and the window trained again")
-        return Decision(refused, incidents, list(self.suspects))
+        return Decision(refused, incidents)
 
     def traded(self) -> tuple[int, int] | None:
         """Whose shares this group trains in the window the last decision opened, as (slot,

@@ -37,7 +37,7 @@ from trainer.checkpoint import Saved
 from trainer.config import TrainerConfig
 from trainer.data import next_data_step
 from trainer.fault_tolerance import LIGHTHOUSE_PROBE_TIMEOUT_S
-from trainer.gradient_check import CheckResult, Incident, group_norm, shard_norm
+from trainer.gradient_check import CheckResult, Incident, against_others, group_norm, shard_norm
 from trainer.rank import Rank, build_rank
 from trainer.state import LiveState, local
 from trainer.telemetry import EventSink
@@ -307,9 +307,7 @@ class RankTrainer:
         """A progress line per verdict (``line`` given the flagged norm's ratio to the others'), and
         the flagged group's ``sdc`` event."""
         for i in incidents:
-            norm = i.norms[i.group]
-            self._say(line(i, f"{norm / i.reference:.3g}x the others'" if i.reference and math.isfinite(norm)
-                           else "not finite"))
+            self._say(line(i, against_others(i.norms[i.group], i.reference)))
         mine = next((i for i in incidents if i.group == self.cfg.group), None)
         if mine is not None and self.r.rank == 0:
             self.sink.emit(SdcEvent, step=step, norms={g: _finite(n) for g, n in mine.norms.items()},

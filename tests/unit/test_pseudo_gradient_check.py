@@ -40,7 +40,7 @@ def flagged_at_first_sync(group: int) -> PseudoGradientCheck:
 def test_normal_norms_pass_and_a_joined_slot_is_no_norm():
     check = PseudoGradientCheck(0, FACTOR)
     decision = check.decide(exchanged((5.0, 0, 0), (6.0, 1, 1), None))  # a third group joined: zeros
-    assert decision.refused is None and not decision.suspects and not decision.incidents
+    assert decision.refused is None and not check.suspects and not decision.incidents
     assert check.traded() is None
 
 
@@ -70,7 +70,7 @@ def test_the_next_sync_gives_the_verdict(again, verdict, refused, skipped):
     assert (incident.group, incident.checker_group, incident.verdict) == (1, 0, verdict)
     assert incident.norms == {0: 5.0, 1: 7000.0, 2: 6.0}  # the norms that flagged it
     assert (decision.refused is not None, decision.skip_window) == (refused, skipped)
-    assert not decision.suspects, "a group explained by a verdict is not suspected again"
+    assert not any(view.suspects for view in views), "a group explained by a verdict is not suspected again"
     assert all(view.traded() is None for view in views)
 
 
